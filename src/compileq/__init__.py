@@ -1,0 +1,26 @@
+"""compileq: a distributed compile-task queue for torch.compile.
+
+``compileq.install()`` sends Inductor's Triton builds to Celery workers behind a Redis
+content-addressed cache; see README.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+
+def install(settings: Any = None) -> bool:
+    from compileq.scheduler.install import install as _install
+
+    return _install(settings)
+
+
+def uninstall() -> None:
+    from compileq.scheduler.install import uninstall as _uninstall
+
+    _uninstall()
+
+
+__all__ = ["__version__", "install", "uninstall"]

@@ -1,0 +1,39 @@
+"""Cluster-wide counters, one Redis hash shared by every client and worker."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import redis
+
+from compileq import keys
+
+
+class Counter(str, enum.Enum):
+    KERNEL_HITS = "kernel_hits"
+    KERNEL_MISSES = "kernel_misses"
+    KERNEL_REMOTE_COMPILES = "kernel_remote_compiles"
+    KERNEL_LOCAL_COMPILES = "kernel_local_compiles"
+    KERNEL_REMOTE_FAILURES = "kernel_remote_failures"
+    FALLBACKS = "fallbacks"
+    INTEGRITY_FAILURES = "integrity_failures"
+    REJECTED_TASKS = "rejected_tasks"
+
+
+def incr(pipe: redis.Redis | Any, counts: dict[Counter, int]) -> None:
+    """Queue increments on a client or pipeline (zero counts are skipped)."""
+    for counter, n in counts.items():
+        if n:
+            pipe.hincrby(keys.STATS, counter.value, n)
+
+
+def read_counters(client: redis.Redis) -> dict[str, int]:
+    raw: dict[bytes, bytes] = client.hgetall(keys.STATS)
+    values = {c.value: 0 for c in Counter}
+    values.update({k.decode(): int(v) for k, v in raw.items()})
+    return values
+
+
+def reset_counters(client: redis.Redis) -> None:
+    client.delete(keys.STATS)

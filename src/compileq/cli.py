@@ -1,0 +1,110 @@
+"""The ``compileq`` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from compileq.config import Settings
+from compileq.errors import CompileqError
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    overrides = {}
+    if getattr(args, "redis_url", None):
+        overrides["redis_url"] = args.redis_url
+    return Settings(**overrides)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from compileq.workers import supervisor
+
+    settings = _settings(args)
+    settings.secret_bytes()
+    archs = [a for a in (args.arch or "").split(",") if a.strip()]
+    specs = supervisor.plan(args.gpus, args.cpu_only, archs, args.concurrency)
+    return supervisor.run(settings, specs, loglevel=args.loglevel)
+
+
+def cmd_warm(args: argparse.Namespace) -> int:
+    from compileq.scheduler.warm import read_manifest, warm
+
+    jobs = read_manifest(Path(args.manifest))
+    report = warm(jobs, _settings(args))
+    if args.json:
+        print(json.dumps(report.as_dict()))
+    else:
+        print(
+            f"{report.kernels} kernels: {report.hits} hits, {report.remote} built remotely, "
+            f"{report.local} built locally, {report.failed} failed, in {report.wall_s:.2f}s"
+        )
+    return 1 if report.failed else 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    from compileq.cache.counters import reset_counters
+    from compileq.cache.stats import render, snapshot
+    from compileq.cache.store import RedisStore, redis_client
+
+    settings = _settings(args)
+    store = RedisStore(redis_client(settings.redis_url, settings), settings)
+    values = snapshot(store)
+    print(json.dumps(values) if args.json else render(values))
+    if args.reset:
+        reset_counters(store.client)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="compileq", description=__doc__)
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--redis-url", help="Redis URL (default: $COMPILEQ_REDIS_URL)")
+
+    p = sub.add_parser("worker", help="run build workers on this node")
+    common(p)
+    p.add_argument("--gpus", help="'all' (default when GPUs exist) or indices like 0,1")
+    p.add_argument("--cpu-only", action="store_true", help="cross-compile without a GPU")
+    p.add_argument("--arch", help="with --cpu-only: targets to build for, e.g. sm_90,sm_80")
+    p.add_argument("--concurrency", type=int, help="builds at once per worker process")
+    p.add_argument("--loglevel", default="INFO")
+    p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser("warm", help="build every kernel of a JSONL manifest into the cache")
+    common(p)
+    p.add_argument("manifest", help="JSONL file, one {name, source} object per line")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_warm)
+
+    p = sub.add_parser("stats", help="show cluster-wide counters")
+    common(p)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--reset", action="store_true", help="zero the counters after showing them")
+    p.set_defaults(func=cmd_stats)
+    return parser
+
+
+def _version() -> str:
+    from compileq import __version__
+
+    return f"compileq {__version__}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:
+        code: int = args.func(args)
+        return code
+    except CompileqError as e:
+        print(f"compileq: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""Every exception compileq raises derives from :class:`CompileqError`."""
+
+from __future__ import annotations
+
+
+class CompileqError(Exception):
+    """Root of compileq's exceptions."""
+
+
+class ConfigError(CompileqError):
+    """A setting is missing or invalid (for example no ``COMPILEQ_SECRET``)."""
+
+
+class ManifestError(CompileqError):
+    """A kernel manifest (JSONL) line is malformed."""
+
+
+class CacheError(CompileqError):
+    """The artifact store could not complete an operation."""
+
+
+class IntegrityError(CacheError):
+    """A stored entry failed authentication or decoding; it is never unpickled."""
+
+
+class EntryTooLarge(CacheError):
+    """An artifact is larger than ``COMPILEQ_MAX_ENTRY_BYTES``."""
+
+    def __init__(self, key: str, size: int, limit: int) -> None:
+        super().__init__(
+            f"artifact {key} is {size} bytes, over the cap of {limit} bytes "
+            f"(raise COMPILEQ_MAX_ENTRY_BYTES to store it)"
+        )
+        self.key, self.size, self.limit = key, size, limit
+
+
+class UnsupportedTarget(CompileqError):
+    """A kernel's target or a ``--arch`` value is not one compileq can route."""
+
+
+class ToolchainMismatch(CompileqError):
+    """A worker was asked to build a key its own toolchain would not produce."""
+
+
+class RemoteCompileError(CompileqError):
+    """A worker failed to build a kernel; the client compiles it locally instead."""
+
+
+class WorkerError(CompileqError):
+    """A worker process could not start (no GPU found, bad flags)."""

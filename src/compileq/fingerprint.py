@@ -1,0 +1,225 @@
+"""What makes two builds of the same kernel source interchangeable.
+
+A compiled kernel depends on its source, the *target* it was built for (read from the
+``DeviceProperties`` Inductor writes into every kernel source) and the *toolchain* that built
+it (torch and Triton sources, the assembler, and the environment variables that change
+codegen). Cache keys and queue names are both derived from these, so a worker only ever
+receives kernels its toolchain builds bit-for-bit like the client's would.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import json
+import os
+import re
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from compileq.errors import UnsupportedTarget
+
+_DEVICE_PROPS = re.compile(r"DeviceProperties\(([^)]*)\)")
+_FIELD = re.compile(r"(\w+)=('[^']*'|\"[^\"]*\"|[\w.]+)")
+_ARCH_FLAG = re.compile(r"^sm_?(\d+)a?$")
+
+#: Triton variables that only say where files go or what is logged: they never change a cubin,
+#: so they stay out of the fingerprint (a client and a worker with different cache dirs must match).
+_ENV_NOT_CODEGEN = frozenset(
+    {
+        "TRITON_CACHE_DIR",
+        "TRITON_HOME",
+        "TRITON_DUMP_DIR",
+        "TRITON_OVERRIDE_DIR",
+        "TRITON_CACHE_MANAGER",
+        "TRITON_REMOTE_CACHE_BACKEND",
+        "TRITON_PRINT_AUTOTUNING",
+        "TRITON_LIBDEVICE_PATH",  # a path; jobs that carry it are built locally (see jobs.py)
+        "TRITON_PTXAS_PATH",  # a path; the assembler's version is fingerprinted instead
+        "TRITON_PTXAS_BLACKWELL_PATH",
+    }
+)
+
+
+@dataclass(frozen=True, order=True)
+class Target:
+    """A GPU target: ``cuda-90-w32`` is compute capability 9.0 with 32-wide warps."""
+
+    backend: str
+    arch: str
+    warp_size: int
+
+    def __str__(self) -> str:
+        return f"{self.backend}-{self.arch}-w{self.warp_size}"
+
+    @classmethod
+    def from_source(cls, source: str) -> Target | None:
+        """The target named by the ``DeviceProperties(...)`` inside an Inductor kernel source."""
+        match = _DEVICE_PROPS.search(source)
+        if match is None:
+            return None
+        fields = {k: v.strip("'\"") for k, v in _FIELD.findall(match.group(1))}
+        backend, arch, warp = fields.get("type"), fields.get("cc"), fields.get("warp_size")
+        if not backend or not arch or not warp or not warp.isdigit():
+            return None
+        return cls(backend, arch, int(warp))
+
+    @classmethod
+    def parse(cls, text: str) -> Target:
+        """Parse ``sm_90`` / ``sm90`` (CUDA, 32-wide warps) or the canonical ``cuda-90-w32``."""
+        text = text.strip()
+        if m := _ARCH_FLAG.match(text):
+            return cls("cuda", m.group(1), 32)
+        parts = text.rsplit("-", 2)
+        if len(parts) == 3 and parts[2].startswith("w") and parts[2][1:].isdigit():
+            return cls(parts[0], parts[1], int(parts[2][1:]))
+        raise UnsupportedTarget(
+            f"cannot read target {text!r}: use sm_<cc> (for example sm_90) or backend-arch-wN "
+            f"(for example cuda-90-w32)"
+        )
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """The build tools of one machine for one target; equal toolchains build equal kernels."""
+
+    torch_version: str
+    torch_key: str
+    triton_version: str
+    triton_key: str
+    assembler: str
+    codegen_env: tuple[tuple[str, str], ...]
+
+    @functools.cached_property
+    def digest(self) -> str:
+        blob = json.dumps(asdict(self), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:20]
+
+    def describe(self) -> dict[str, Any]:
+        return {**asdict(self), "codegen_env": dict(self.codegen_env), "digest": self.digest}
+
+
+def codegen_env(environ: dict[str, str] | None = None) -> tuple[tuple[str, str], ...]:
+    """``TRITON_*`` variables that can change generated code, sorted."""
+    env = os.environ if environ is None else environ
+    return tuple(
+        sorted(
+            (k, v) for k, v in env.items() if k.startswith("TRITON_") and k not in _ENV_NOT_CODEGEN
+        )
+    )
+
+
+def _cache_file() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "compileq" / "toolchain.json"
+
+
+def _stat_signature(root: str, suffixes: tuple[str, ...]) -> str:
+    """Hash of (path, size, mtime) of every file under ``root`` with one of ``suffixes``."""
+    digest = hashlib.sha256()
+    stack = [root]
+    while stack:
+        for entry in sorted(os.scandir(stack.pop()), key=lambda e: e.name):
+            if entry.is_dir(follow_symlinks=False) and entry.name != "__pycache__":
+                stack.append(entry.path)
+            elif entry.name.endswith(suffixes):
+                st = entry.stat()
+                digest.update(f"{entry.path}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
+def _memoised(name: str, signature: str, compute: Callable[[], str]) -> str:
+    """``compute()``, remembered on disk for as long as ``signature`` holds.
+
+    torch_key and triton_key hash every source file of torch and Triton and libtriton itself,
+    0.7 s per process on a small machine, paid by every ``compileq warm``. Their inputs change
+    only when files change, and a file's size or mtime changes with it, so a signature of
+    stats (a few ms) stands in for the content hash; any change recomputes it.
+    """
+    path = _cache_file()
+    try:
+        memo = json.loads(path.read_text())
+    except (OSError, ValueError):
+        memo = {}
+    if not isinstance(memo, dict):
+        memo = {}
+    entry = memo.get(name)
+    if isinstance(entry, dict) and entry.get("signature") == signature:
+        return str(entry["value"])
+    value = compute()
+    memo[name] = {"signature": signature, "value": value}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Write-then-rename: a concurrent reader sees the old file or the new, never half.
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(memo))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # an unwritable home only costs the recomputation next time
+    return value
+
+
+@functools.cache
+def _torch_identity() -> tuple[str, str]:
+    import torch
+
+    def compute() -> str:
+        from torch._inductor.codecache import torch_key
+
+        return str(torch_key().hex())
+
+    root = os.path.dirname(torch.__file__)
+    signature = _stat_signature(root, (".py", ".cpp", ".ld"))
+    # The local version label (+cpu, +cu130) is dropped: a CPU build cross-compiles the same
+    # Inductor sources to the same cubins, which is what lets --cpu-only workers serve GPU clients.
+    return torch.__version__.split("+")[0], _memoised("torch_key", signature, compute)
+
+
+@functools.cache
+def _triton_identity() -> tuple[str, str]:
+    import triton
+
+    def compute() -> str:
+        from torch._inductor.runtime.triton_compat import triton_key
+
+        return hashlib.sha256(str(triton_key()).encode()).hexdigest()
+
+    root = os.path.dirname(triton.__file__)
+    signature = _stat_signature(root, (".py", ".so"))
+    return triton.__version__, _memoised("triton_key", signature, compute)
+
+
+@functools.cache
+def assembler_version(target: Target) -> str:
+    """The version line of the assembler Triton will use for ``target`` (ptxas for CUDA)."""
+    if target.backend != "cuda":
+        return f"{target.backend}:unknown"
+    from torch._inductor.runtime.compile_tasks import _set_triton_ptxas_path
+    from triton.backends.nvidia import compiler as nv
+
+    # Inductor points Triton at torch's bundled ptxas when there is one; do the same first so
+    # the fingerprint names the assembler a build will really run.
+    _set_triton_ptxas_path()
+    get_version = nv.get_ptxas_version
+    takes_arch = bool(inspect.signature(get_version).parameters)
+    text = get_version(int(target.arch)) if takes_arch else get_version()
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+    release = [ln for ln in lines if "release" in ln or ln.startswith("Build")]
+    return " | ".join(release or lines[-1:])
+
+
+def local_toolchain(target: Target) -> Toolchain:
+    """This process's toolchain for ``target`` (the expensive parts are computed once)."""
+    torch_version, tkey = _torch_identity()
+    triton_version, trkey = _triton_identity()
+    return Toolchain(
+        torch_version=torch_version,
+        torch_key=tkey,
+        triton_version=triton_version,
+        triton_key=trkey,
+        assembler=assembler_version(target),
+        codegen_env=codegen_env(),
+    )

@@ -1,0 +1,50 @@
+"""Every Redis key and channel compileq uses, in one place.
+
+All keys live under one prefix so an operator can find, count or drop compileq's data with
+one pattern (``compileq:*``), and so the broker's own keys (kombu's lists and unacked sets)
+stay apart from the cache's.
+"""
+
+from __future__ import annotations
+
+PREFIX = "compileq"
+
+#: Content-addressed artifacts: ``compileq:a:<kind>:<sha256>``.
+ARTIFACT = f"{PREFIX}:a:"
+#: Single-flight leases: ``compileq:lock:<artifact key>`` holds the owner's id.
+LOCK = f"{PREFIX}:lock:"
+#: Signed job specs a worker reads by key: ``compileq:job:<artifact key>``.
+JOB = f"{PREFIX}:job:"
+#: Cluster-wide counters (one hash).
+STATS = f"{PREFIX}:stats"
+#: Live workers per queue: sorted set of worker ids scored by Redis server time.
+WORKERS = f"{PREFIX}:workers:"
+#: One worker's description (JSON, expiring with its heartbeat): ``compileq:worker:<id>``.
+WORKER_INFO = f"{PREFIX}:worker:"
+#: Pub/sub channel on which builds are announced (JSON ``{"key", "ok", "error"}``).
+DONE_CHANNEL = f"{PREFIX}:done"
+#: kombu's ``global_keyprefix``: the broker's queues and bookkeeping.
+BROKER = f"{PREFIX}:broker:"
+
+#: Celery queues: ``compileq.triton.<toolchain digest>.<target>``.
+QUEUE_PREFIX = "compileq.triton."
+
+
+def artifact(kind: str, digest: str) -> str:
+    return f"{ARTIFACT}{kind}:{digest}"
+
+
+def lock(key: str) -> str:
+    return LOCK + key
+
+
+def job(key: str) -> str:
+    return JOB + key
+
+
+def workers(queue: str) -> str:
+    return WORKERS + queue
+
+
+def worker_info(worker_id: str) -> str:
+    return WORKER_INFO + worker_id

@@ -1,0 +1,342 @@
+"""The client: cache lookup, single-flight, remote builds, deadlines and local fallback.
+
+One :class:`KernelClient` per process. For each kernel it asks the store first (one MGET for a
+whole batch); on a miss it takes the key's lease (``SET NX``). The lease holder builds — on a
+worker if one is live for the kernel's queue, else locally — and everybody else waits for the
+announcement on ``compileq:done``. Whatever goes wrong (Redis gone, no worker, a worker failing,
+a deadline passing) the kernel is built locally, so a training job never fails or hangs
+because of compileq.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import redis
+
+from compileq import keys
+from compileq._log import log, warn_once
+from compileq.cache.counters import Counter
+from compileq.cache.store import RedisStore, redis_client
+from compileq.config import Settings
+from compileq.errors import CompileqError, EntryTooLarge
+from compileq.scheduler.local import LocalBuilder
+from compileq.scheduler.routing import Router
+from compileq.tasks import events
+from compileq.tasks.app import COMPILE_TRITON, app
+from compileq.tasks.jobs import TritonJob
+
+#: Safety net under pub/sub, which is at-most-once: pending keys are re-read this often.
+_POLL_S = 1.0
+
+
+class Outcome(str, enum.Enum):
+    HIT = "hit"  # found in the cache
+    REMOTE = "remote"  # built elsewhere (a worker, or another client) while this one waited
+    LOCAL = "local"  # built in this process's local pool
+
+
+@dataclass(frozen=True)
+class Built:
+    key: str
+    payload: bytes  # the pickled return value of Inductor's _worker_compile_triton
+    outcome: Outcome
+
+
+class _State(enum.Enum):
+    WAITING = "waiting"  # for an announcement from whoever holds the lease
+    LOCAL = "local"  # building in the local pool
+
+
+@dataclass
+class _Flight:
+    key: str
+    job: TritonJob
+    extra_env: dict[str, str]
+    queue: str
+    deadline: float
+    future: Future[Built]
+    state: _State = _State.WAITING
+    owner: bool = False
+
+
+class KernelClient:
+    def __init__(self, settings: Settings, local: LocalBuilder) -> None:
+        self._settings = settings
+        self._local = local
+        self._id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._redis = redis_client(settings.redis_url, settings)
+        self._store = RedisStore(self._redis, settings)
+        self._router = Router(self._redis, settings)
+        self._secret = settings.secret_bytes()
+        self._lock = threading.Lock()
+        self._flights: dict[str, _Flight] = {}
+        self._down_until = 0.0
+        self._closed = threading.Event()
+        self._subscribed = threading.Event()
+        self._listener: threading.Thread | None = None
+
+    # -- public -------------------------------------------------------------------------------
+
+    def submit(self, job: TritonJob, extra_env: dict[str, str] | None = None) -> Future[Built]:
+        return self.submit_many([(job, extra_env or {})])[0]
+
+    def submit_many(self, jobs: Sequence[tuple[TritonJob, dict[str, str]]]) -> list[Future[Built]]:
+        """Futures resolving to each job's build; duplicates in flight share one future."""
+        futures: list[Future[Built]] = []
+        new: list[_Flight] = []
+        deadline = time.monotonic() + self._settings.deadline_s
+        with self._lock:
+            for job, env in jobs:
+                target = job.target
+                if target is None:
+                    raise CompileqError(f"kernel {job.name}: no DeviceProperties in its source")
+                key = job.key(self._router.toolchain(target), target)
+                flight = self._flights.get(key)
+                if flight is None:
+                    flight = _Flight(key, job, env, self._router.queue(target), deadline, Future())
+                    self._flights[key] = flight
+                    new.append(flight)
+                futures.append(flight.future)
+        if new:
+            self._dispatch(new)
+        return futures
+
+    def close(self) -> None:
+        """Stop listening. The listener is a daemon thread that notices within 0.2 s; nothing
+        it holds needs flushing, so close() does not wait for it."""
+        self._closed.set()
+
+    # -- dispatch -----------------------------------------------------------------------------
+
+    def _dispatch(self, flights: list[_Flight]) -> None:
+        if time.monotonic() < self._down_until:
+            self._build_locally(flights)
+            return
+        try:
+            self._ensure_listener()
+            payloads = self._store.get_many([f.key for f in flights])
+            misses = []
+            for flight, payload in zip(flights, payloads, strict=True):
+                if payload is None:
+                    misses.append(flight)
+                else:
+                    self._resolve(flight, Built(flight.key, payload, Outcome.HIT))
+            owners = self._take_leases(misses)
+            remote = [f for f in owners if self._router.has_worker(f.queue)]
+            unserved = [f for f in owners if f not in remote]
+            for queue in {f.queue for f in unserved}:
+                warn_once(
+                    f"no-worker:{queue}",
+                    "compileq: no live worker for queue %s; compiling locally",
+                    queue,
+                )
+            self._store.count(
+                {
+                    Counter.KERNEL_HITS: len(flights) - len(misses),
+                    Counter.KERNEL_MISSES: len(misses),
+                    Counter.FALLBACKS: len(unserved),
+                }
+            )
+            self._enqueue(remote)
+            self._build_locally(unserved)
+        except redis.RedisError as e:
+            self._redis_failed(e)
+
+    def _take_leases(self, flights: list[_Flight]) -> list[_Flight]:
+        """Take each key's lease; return the flights this client now owns (the rest wait)."""
+        if not flights:
+            return []
+        lease_ms = int(self._settings.deadline_s * 1000)
+        pipe = self._redis.pipeline(transaction=False)
+        for f in flights:
+            pipe.set(keys.lock(f.key), self._id, nx=True, px=lease_ms)
+        owned = []
+        for f, took in zip(flights, pipe.execute(), strict=True):
+            f.owner = bool(took)
+            if f.owner:
+                owned.append(f)
+        return owned
+
+    def _enqueue(self, flights: list[_Flight]) -> None:
+        if not flights:
+            return
+        # The job outlives the lease: a message may sit in a busy queue past the client's
+        # deadline, and the worker then finds the artifact the client built and skips it.
+        ttl = self._settings.visibility_timeout_s * 2
+        pipe = self._redis.pipeline(transaction=False)
+        for f in flights:
+            pipe.set(keys.job(f.key), self._store.seal(keys.job(f.key), f.job.to_json()), ex=ttl)
+        pipe.execute()
+        sent = []
+        try:
+            for f in flights:
+                app.send_task(COMPILE_TRITON, args=[f.key], queue=f.queue, task_id=f.key)
+                sent.append(f)
+        except Exception as e:  # kombu raises its own OperationalError family
+            unsent = flights[len(sent) :]
+            warn_once("broker", "compileq: cannot reach the broker (%s); compiling locally", e)
+            self._store.count({Counter.FALLBACKS: len(unsent)})
+            self._build_locally(unsent)
+
+    # -- local builds -------------------------------------------------------------------------
+
+    def _build_locally(self, flights: list[_Flight]) -> None:
+        for f in flights:
+            with self._lock:
+                if f.state is _State.LOCAL or f.future.done():
+                    continue
+                f.state = _State.LOCAL
+            future = self._local.submit(f.job, f.extra_env)
+            future.add_done_callback(lambda fut, f=f: self._local_done(f, fut))  # type: ignore[misc]
+
+    def _local_done(self, flight: _Flight, future: Future[bytes]) -> None:
+        error = future.exception()
+        if error is not None:
+            # The same error stock Inductor would raise; the lease is freed so nobody waits.
+            self._release(
+                flight, events.Done(flight.key, False, f"{type(error).__name__}: {error}")
+            )
+            self._fail(flight, error)
+            return
+        payload = future.result()
+        if time.monotonic() >= self._down_until:
+            try:
+                self._store.put(flight.key, payload)
+                self._store.count({Counter.KERNEL_LOCAL_COMPILES: 1})
+                self._release(flight, events.Done(flight.key, True))
+            except EntryTooLarge as e:
+                warn_once("too-large", "compileq: %s; kept local only", e)
+            except redis.RedisError as e:
+                self._redis_failed(e)
+        self._resolve(flight, Built(flight.key, payload, Outcome.LOCAL))
+
+    def _release(self, flight: _Flight, done: events.Done) -> None:
+        if time.monotonic() < self._down_until:
+            return
+        try:
+            if flight.owner:
+                self._redis.delete(keys.lock(flight.key))
+            events.announce(self._redis, done)
+        except redis.RedisError as e:
+            self._redis_failed(e)
+
+    # -- waiting ------------------------------------------------------------------------------
+
+    def _ensure_listener(self) -> None:
+        if self._listener is None:
+            self._listener = threading.Thread(
+                target=self._listen, name="compileq-listener", daemon=True
+            )
+            self._listener.start()
+        # Subscribe before the first lookup: an announcement between a miss and the
+        # subscription would otherwise only be seen by the poll, a second later.
+        self._subscribed.wait(timeout=self._settings.connect_timeout_s)
+
+    def _listen(self) -> None:
+        pubsub = None
+        last_poll = time.monotonic()
+        while not self._closed.is_set():
+            try:
+                if pubsub is None:
+                    if time.monotonic() < self._down_until:
+                        self._closed.wait(0.2)
+                        continue
+                    pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+                    pubsub.subscribe(keys.DONE_CHANNEL)
+                    pubsub.get_message(timeout=self._settings.connect_timeout_s)  # confirmation
+                    self._subscribed.set()
+                done: dict[str, events.Done] = {}
+                message = pubsub.get_message(timeout=0.2)
+                while message is not None:
+                    if message.get("type") == "message" and (d := events.parse(message["data"])):
+                        done[d.key] = d
+                    message = pubsub.get_message(timeout=0)
+                if done:
+                    self._settle(done)
+                if time.monotonic() - last_poll >= _POLL_S:
+                    last_poll = time.monotonic()
+                    self._poll()
+            except redis.RedisError as e:
+                pubsub = None
+                self._redis_failed(e)
+            except Exception:  # never let the listener die: waiting flights would hang
+                log.exception("compileq: listener error")
+                self._closed.wait(0.2)
+
+    def _waiting(self) -> list[_Flight]:
+        with self._lock:
+            return [f for f in self._flights.values() if f.state is _State.WAITING]
+
+    def _settle(self, done: dict[str, events.Done]) -> None:
+        waiting = {f.key: f for f in self._waiting() if f.key in done}
+        ok = [f for k, f in waiting.items() if done[k].ok]
+        for key, flight in waiting.items():
+            if not done[key].ok:
+                warn_once(
+                    "remote-failed",
+                    "compileq: a remote build failed (%s); compiling locally",
+                    done[key].error,
+                )
+                self._build_locally([flight])
+        payloads = self._store.get_many([f.key for f in ok])
+        for flight, payload in zip(ok, payloads, strict=True):
+            if payload is None:  # evicted, or rejected as corrupt: build it here
+                self._build_locally([flight])
+            else:
+                self._resolve(flight, Built(flight.key, payload, Outcome.REMOTE))
+
+    def _poll(self) -> None:
+        waiting = self._waiting()
+        if not waiting:
+            return
+        payloads = self._store.get_many([f.key for f in waiting])
+        now = time.monotonic()
+        late = []
+        for flight, payload in zip(waiting, payloads, strict=True):
+            if payload is not None:
+                self._resolve(flight, Built(flight.key, payload, Outcome.REMOTE))
+            elif now >= flight.deadline:
+                late.append(flight)
+        if late:
+            warn_once(
+                "deadline",
+                "compileq: remote builds missed the %.0fs deadline; compiling locally",
+                self._settings.deadline_s,
+            )
+            self._store.count({Counter.FALLBACKS: len(late)})
+            self._build_locally(late)
+
+    # -- endings ------------------------------------------------------------------------------
+
+    def _redis_failed(self, error: Exception) -> None:
+        self._down_until = time.monotonic() + self._settings.retry_after_s
+        warn_once(
+            "redis-down",
+            "compileq: Redis at %s failed (%s); compiling locally",
+            self._settings.redis_url,
+            error,
+        )
+        self._build_locally(self._waiting())
+
+    def _resolve(self, flight: _Flight, built: Built) -> None:
+        with self._lock:
+            if self._flights.get(flight.key) is not flight:
+                return
+            del self._flights[flight.key]
+        flight.future.set_result(built)
+
+    def _fail(self, flight: _Flight, error: BaseException) -> None:
+        with self._lock:
+            if self._flights.get(flight.key) is not flight:
+                return
+            del self._flights[flight.key]
+        flight.future.set_exception(error)

@@ -1,0 +1,29 @@
+"""Building on this machine when the cluster cannot: in stock Inductor's own process pool."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from compileq.tasks.jobs import TritonJob
+from compileq.workers.build import build_triton_payload
+
+
+class LocalBuilder:
+    """Runs compileq's build in the pool stock Inductor would have used.
+
+    Reusing stock's pool (rather than a ProcessPoolExecutor of our own) keeps local builds
+    where users expect them: same worker count, same subprocess start method (no re-import of
+    the training script's ``__main__``), same logs.
+    """
+
+    def __init__(self, stock_pool: Callable[[], Any], cross_compile: bool) -> None:
+        self._stock_pool = stock_pool
+        self._cross_compile = cross_compile
+
+    def submit(self, job: TritonJob, extra_env: dict[str, str]) -> Future[bytes]:
+        future: Future[bytes] = self._stock_pool().submit(
+            build_triton_payload, job.to_json(), extra_env, self._cross_compile
+        )
+        return future

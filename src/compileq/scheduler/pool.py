@@ -1,0 +1,64 @@
+"""The pool Inductor submits to once compileq is installed."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from compileq.scheduler.client import Built, KernelClient
+from compileq.scheduler.inductor import recognise
+
+
+class CompileqPool:
+    """Stands in for ``AsyncCompile.process_pool()``.
+
+    Triton jobs go through the cluster; the future resolves to exactly what the stock pool's
+    would (the ``(CachingAutotuner, elapsed_us)`` of ``_worker_compile_triton``), so Inductor
+    continues unchanged. Every other job is handed to the stock pool, created only if needed.
+    """
+
+    def __init__(self, client: KernelClient, stock_pool: Callable[[], Any]) -> None:
+        self.client = client
+        self._stock_pool = stock_pool
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        from torch._inductor.async_compile import AsyncCompile
+
+        if fn is AsyncCompile._get_ready:
+            # Inductor's readiness probe: there is no pool to warm up, so we are ready now.
+            ready: Future[Any] = Future()
+            ready.set_result(fn())
+            return ready
+        recognised = recognise(fn, args, kwargs)
+        if recognised is None:
+            stock: Future[Any] = self._stock_pool().submit(fn, *args, **kwargs)
+            return stock
+        job, extra_env = recognised
+        return _then(self.client.submit(job, extra_env), _unpickle)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self.client.close()
+
+
+def _unpickle(built: Built) -> Any:
+    # Safe to unpickle: the payload passed the HMAC check in the store (or was built here).
+    return pickle.loads(built.payload)
+
+
+def _then(source: Future[Built], fn: Callable[[Built], Any]) -> Future[Any]:
+    out: Future[Any] = Future()
+
+    def relay(done: Future[Built]) -> None:
+        error = done.exception()
+        if error is not None:
+            out.set_exception(error)
+            return
+        try:
+            out.set_result(fn(done.result()))
+        except Exception as e:
+            out.set_exception(e)
+
+    source.add_done_callback(relay)
+    return out

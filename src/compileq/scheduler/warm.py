@@ -1,0 +1,92 @@
+"""``compileq warm``: build every kernel of a JSONL manifest through the cluster."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter as Tally
+from concurrent.futures import wait
+from dataclasses import dataclass
+from pathlib import Path
+
+from compileq._log import log
+from compileq.config import Settings
+from compileq.errors import ManifestError
+from compileq.scheduler.client import KernelClient, Outcome
+from compileq.scheduler.inductor import inductor_extra_config
+from compileq.scheduler.local import LocalBuilder
+from compileq.tasks.jobs import TritonJob
+
+
+@dataclass(frozen=True)
+class WarmReport:
+    kernels: int
+    hits: int
+    remote: int
+    local: int
+    failed: int
+    wall_s: float
+
+    def as_dict(self) -> dict[str, float | int]:
+        return dict(self.__dict__)
+
+
+def read_manifest(path: Path) -> list[TritonJob]:
+    """Jobs from a JSONL file whose lines hold at least ``name`` and ``source``."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as e:
+        raise ManifestError(f"cannot read manifest {path}: {e}") from e
+    config = inductor_extra_config()
+    jobs = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as e:
+            raise ManifestError(f"{path}:{number}: not JSON ({e})") from e
+        if (
+            not isinstance(row, dict)
+            or not isinstance(row.get("name"), str)
+            or not isinstance(row.get("source"), str)
+        ):
+            raise ManifestError(f"{path}:{number}: needs string fields 'name' and 'source'")
+        job = TritonJob(row["name"], row["source"], config)
+        if job.target is None:
+            raise ManifestError(
+                f"{path}:{number}: kernel {row['name']} has no DeviceProperties(...) in its source"
+            )
+        jobs.append(job)
+    return jobs
+
+
+def warm(jobs: list[TritonJob], settings: Settings) -> WarmReport:
+    import torch
+    from torch._inductor.async_compile import AsyncCompile, get_compile_threads
+
+    get_compile_threads()  # settles config.compile_threads before the stock pool reads it
+    started = time.perf_counter()
+    cross = not torch.cuda.is_available()
+    client = KernelClient(settings, LocalBuilder(AsyncCompile.process_pool, cross_compile=cross))
+    try:
+        futures = client.submit_many([(job, {}) for job in jobs])
+        wait(futures)
+    finally:
+        client.close()
+    tally: Tally[str] = Tally()
+    for job, future in zip(jobs, futures, strict=True):
+        error = future.exception()
+        if error is not None:
+            log.error("compileq warm: %s failed: %s", job.name, error)
+            tally["failed"] += 1
+        else:
+            tally[future.result().outcome.value] += 1
+    return WarmReport(
+        kernels=len(jobs),
+        hits=tally[Outcome.HIT.value],
+        remote=tally[Outcome.REMOTE.value],
+        local=tally[Outcome.LOCAL.value],
+        failed=tally["failed"],
+        wall_s=round(time.perf_counter() - started, 3),
+    )

@@ -1,0 +1,53 @@
+"""The Celery application: JSON-only messages on Redis, settings tuned for long builds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+
+from compileq import keys
+from compileq.config import Settings, get_settings
+
+COMPILE_TRITON = "compileq.compile_triton"
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    return {
+        "broker_url": settings.broker,
+        "broker_connection_timeout": settings.connect_timeout_s,
+        "broker_connection_retry_on_startup": True,
+        "broker_transport_options": {
+            "visibility_timeout": settings.visibility_timeout_s,
+            "global_keyprefix": keys.BROKER,
+            "socket_connect_timeout": settings.connect_timeout_s,
+        },
+        # Messages carry keys and small JSON only; artifacts travel through the store. pickle
+        # is refused so that broker write access alone never means code execution on a worker.
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        "result_serializer": "json",
+        # Completion is announced on compileq's own channel (the artifact is the result).
+        "task_ignore_result": True,
+        # A build is acked after it finishes, and requeued if its process dies, so a killed
+        # worker loses nothing; prefetch 1 keeps one slow build from holding others hostage.
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "task_soft_time_limit": settings.task_soft_time_limit_s,
+        "task_time_limit": settings.task_time_limit_s,
+        # A client must not block on a dead broker: a couple of quick tries, then local build.
+        "task_publish_retry_policy": {
+            "max_retries": 2,
+            "interval_start": 0,
+            "interval_step": 0.2,
+            "interval_max": 0.5,
+        },
+        "worker_hijack_root_logger": False,
+        "worker_send_task_events": False,
+    }
+
+
+app = Celery("compileq", set_as_current=False)
+# Read lazily: importing this module must not freeze settings before the CLI has parsed flags.
+app.add_defaults(lambda: celery_config(get_settings()))

@@ -1,0 +1,67 @@
+"""The job a client hands a worker, and the content key of what it builds.
+
+A job travels as signed JSON in the store (``compileq:job:<key>``), never inline in the Celery
+message: the message carries only the key, and the worker refuses any job whose signature or
+key does not check out, since building a kernel means executing its Python source.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from compileq import keys
+from compileq.fingerprint import Target, Toolchain
+
+#: Bump when the payload format or key derivation changes: old entries then simply miss.
+FORMAT = 1
+TRITON = "triton"
+
+
+@dataclass(frozen=True)
+class TritonJob:
+    """Inductor's Triton build: ``_worker_compile_triton(partial(load, name, source), env, cfg)``."""
+
+    name: str
+    source: str
+    extra_config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def target(self) -> Target | None:
+        return Target.from_source(self.source)
+
+    def key(self, toolchain: Toolchain, target: Target) -> str:
+        """The artifact key: kind, source, name, config, target and toolchain, hashed."""
+        material = {
+            "kind": TRITON,
+            "format": FORMAT,
+            "toolchain": toolchain.digest,
+            "target": str(target),
+            "name": self.name,
+            "source": hashlib.sha256(self.source.encode()).hexdigest(),
+            "config": self.extra_config,
+        }
+        blob = json.dumps(material, sort_keys=True, separators=(",", ":")).encode()
+        return keys.artifact(TRITON, hashlib.sha256(blob).hexdigest())
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {"name": self.name, "source": self.source, "extra_config": self.extra_config},
+            sort_keys=True,
+        ).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> TritonJob:
+        obj = json.loads(data)
+        if (
+            not isinstance(obj, dict)
+            or not isinstance(obj.get("name"), str)
+            or not isinstance(obj.get("source"), str)
+        ):
+            raise ValueError("job spec must be an object with string 'name' and 'source'")
+        config = obj.get("extra_config", {})
+        if not isinstance(config, dict):
+            raise ValueError("job spec 'extra_config' must be an object")
+        return cls(obj["name"], obj["source"], config)

@@ -1,0 +1,10 @@
+"""Queue names: one per (toolchain, target), so routing *is* toolchain matching."""
+
+from __future__ import annotations
+
+from compileq import keys
+from compileq.fingerprint import Target, Toolchain
+
+
+def triton_queue(toolchain: Toolchain, target: Target) -> str:
+    return f"{keys.QUEUE_PREFIX}{toolchain.digest}.{target}"

@@ -1,0 +1,107 @@
+"""What a worker does with one ``compile_triton`` message."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import redis
+
+from compileq import keys
+from compileq._log import log
+from compileq.cache.counters import Counter
+from compileq.cache.envelope import open_sealed
+from compileq.cache.store import RedisStore
+from compileq.config import Settings
+from compileq.errors import CompileqError, IntegrityError, ToolchainMismatch
+from compileq.fingerprint import Target, Toolchain
+from compileq.tasks.events import Done, announce
+from compileq.tasks.jobs import TRITON, TritonJob
+from compileq.workers.build import build_triton
+
+
+@dataclass
+class WorkerContext:
+    settings: Settings
+    store: RedisStore
+    toolchains: dict[Target, Toolchain]
+
+
+_context: WorkerContext | None = None
+
+
+def configure(context: WorkerContext) -> None:
+    """Set by the worker process before Celery forks its pool (children inherit it)."""
+    global _context
+    _context = context
+
+
+def execute_compile_triton(key: object) -> str:
+    if _context is None:
+        raise CompileqError("worker context not configured (run through `compileq worker`)")
+    ctx = _context
+    client = ctx.store.client
+    if not isinstance(key, str) or not key.startswith(keys.artifact(TRITON, "")):
+        return _reject(ctx, repr(key)[:200], "malformed task message: expected an artifact key")
+    # A duplicate delivery, or a client that built it locally while this waited in the queue.
+    if ctx.store.get(key) is not None:
+        _finish(client, key)
+        announce(client, Done(key, True))
+        return "cached"
+    try:
+        job = _load_job(ctx, key)
+    except (CompileqError, ValueError) as e:
+        return _reject(ctx, key, str(e))
+
+    started = time.perf_counter()
+    try:
+        payload = build_triton(job)
+        ctx.store.put(key, payload)
+    except Exception as e:  # the kernel's own error, or EntryTooLarge; never cached as a success
+        ctx.store.count({Counter.KERNEL_REMOTE_FAILURES: 1})
+        log.warning("compileq worker: build of %s (%s) failed: %s", job.name, key, e)
+        _finish(client, key)
+        announce(client, Done(key, False, f"{type(e).__name__}: {e}"))
+        return "failed"
+    ctx.store.count({Counter.KERNEL_REMOTE_COMPILES: 1})
+    _finish(client, key)
+    announce(client, Done(key, True))
+    log.info("compileq worker: built %s in %.2fs", job.name, time.perf_counter() - started)
+    return "built"
+
+
+def _load_job(ctx: WorkerContext, key: str) -> TritonJob:
+    raw = ctx.store.client.get(keys.job(key))
+    if raw is None:
+        raise CompileqError("job spec missing (expired, or never written by a client)")
+    try:
+        spec = open_sealed(
+            ctx.settings.secret_bytes(), keys.job(key), raw, ctx.settings.max_entry_bytes
+        )
+    except IntegrityError as e:
+        ctx.store.count({Counter.INTEGRITY_FAILURES: 1})
+        raise CompileqError(f"job spec rejected: {e}") from e
+    job = TritonJob.from_json(spec)
+    target = job.target
+    toolchain = ctx.toolchains.get(target) if target else None
+    if target is None or toolchain is None:
+        raise ToolchainMismatch(f"this worker does not build for target {target}")
+    if job.key(toolchain, target) != key:
+        raise ToolchainMismatch("job key does not match this worker's toolchain; not building it")
+    return job
+
+
+def _reject(ctx: WorkerContext, key: str, reason: str) -> str:
+    log.error("compileq worker: rejected task %s: %s", key, reason)
+    ctx.store.count({Counter.REJECTED_TASKS: 1})
+    if key.startswith(keys.ARTIFACT):
+        try:
+            _finish(ctx.store.client, key)
+            announce(ctx.store.client, Done(key, False, reason))
+        except redis.RedisError:
+            pass
+    return "rejected"
+
+
+def _finish(client: redis.Redis, key: str) -> None:
+    client.delete(keys.lock(key), keys.job(key))

@@ -1,0 +1,94 @@
+"""One worker process: a Celery worker consuming the queues of its targets' toolchains.
+
+Started by the supervisor (``compileq worker``) with ``CUDA_VISIBLE_DEVICES`` already set, so
+it sees exactly one GPU (or none with ``--cpu-only``) before anything touches CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+from typing import Any
+
+from compileq._log import log
+
+
+def preload(cpu_only: bool) -> None:
+    """Import torch, Inductor and Triton once, before Celery forks its pool processes."""
+    if cpu_only:
+        from compileq.workers.build import enable_cross_compile
+
+        enable_cross_compile()
+    import torch._inductor.async_compile
+    import torch._inductor.codecache
+    import torch._inductor.runtime.triton_heuristics  # noqa: F401
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="compileq-worker-process")
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--targets", required=True, help="comma list, e.g. cuda-90-w32")
+    parser.add_argument("--concurrency", type=int, required=True)
+    parser.add_argument("--cpu-only", action="store_true")
+    parser.add_argument("--gpu", default=None)
+    parser.add_argument("--loglevel", default="INFO")
+    args = parser.parse_args(argv)
+
+    from compileq.cache.store import RedisStore, redis_client
+    from compileq.config import get_settings
+    from compileq.fingerprint import Target, local_toolchain
+    from compileq.tasks import app, triton_queue
+    from compileq.workers import execute
+    from compileq.workers.heartbeat import Heartbeat
+
+    settings = get_settings()
+    settings.secret_bytes()  # fail now, not on the first task
+    preload(args.cpu_only)
+    targets = [Target.parse(t) for t in args.targets.split(",")]
+    toolchains = {t: local_toolchain(t) for t in targets}
+    queues = [triton_queue(toolchains[t], t) for t in targets]
+    client = redis_client(settings.redis_url, settings)
+    execute.configure(execute.WorkerContext(settings, RedisStore(client, settings), toolchains))
+    import compileq.tasks.compile  # noqa: F401  (registers the task with the app)
+
+    host = socket.gethostname()
+    worker_id = f"{host}:{args.name}:{os.getpid()}"
+    info: dict[str, Any] = {
+        "host": host,
+        "name": args.name,
+        "gpu": args.gpu,
+        "cpu_only": args.cpu_only,
+        "concurrency": args.concurrency,
+        "queues": queues,
+        "toolchains": {str(t): tc.describe() for t, tc in toolchains.items()},
+    }
+    heartbeat = Heartbeat(
+        client, worker_id, queues, info, settings.heartbeat_interval_s, settings.heartbeat_ttl_s
+    )
+    from celery import signals
+
+    # Announce liveness only once the pool can take work, and withdraw it before shutdown,
+    # so clients never route to a worker that is not consuming.
+    signals.worker_ready.connect(lambda **_: heartbeat.start(), weak=False)
+    signals.worker_shutdown.connect(lambda **_: heartbeat.stop(), weak=False)
+    log.info("compileq worker %s: queues %s", args.name, ", ".join(queues))
+    app.worker_main(
+        [
+            "worker",
+            f"--queues={','.join(queues)}",
+            f"--concurrency={args.concurrency}",
+            "--pool=prefork",
+            f"--hostname=compileq-{args.name}-{os.getpid()}@{host}",
+            f"--loglevel={args.loglevel}",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+        ]
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""``compileq worker``: one worker process per GPU (or one cross-compiling CPU worker).
+
+Each child gets ``CUDA_VISIBLE_DEVICES`` before it starts, so pinning never depends on code that
+runs after CUDA initialises; the supervisor itself never touches CUDA. A child that dies is
+restarted (its unacked task is redelivered by the broker); SIGTERM/SIGINT stop all children
+with Celery's warm shutdown, letting running builds finish.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from types import FrameType
+
+from compileq._log import log
+from compileq.config import Settings, child_env
+from compileq.errors import WorkerError
+from compileq.fingerprint import Target
+from compileq.workers.gpus import probe_gpus, select_gpus
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    name: str
+    targets: tuple[Target, ...]
+    concurrency: int
+    cpu_only: bool
+    gpu: int | None
+
+    def argv(self, loglevel: str) -> list[str]:
+        argv = [
+            sys.executable,
+            "-m",
+            "compileq.workers.process",
+            f"--name={self.name}",
+            f"--targets={','.join(str(t) for t in self.targets)}",
+            f"--concurrency={self.concurrency}",
+            f"--loglevel={loglevel}",
+        ]
+        if self.cpu_only:
+            argv.append("--cpu-only")
+        if self.gpu is not None:
+            argv.append(f"--gpu={self.gpu}")
+        return argv
+
+    def env(self, settings: Settings) -> dict[str, str]:
+        visible = "" if self.gpu is None else str(self.gpu)
+        return child_env(settings, CUDA_VISIBLE_DEVICES=visible)
+
+
+def plan(
+    gpus: str | None, cpu_only: bool, archs: list[str], concurrency: int | None
+) -> list[ChildSpec]:
+    cores = os.cpu_count() or 1
+    if cpu_only:
+        if gpus:
+            raise WorkerError("--cpu-only and --gpus exclude each other")
+        if not archs:
+            raise WorkerError("--cpu-only needs --arch (for example --arch sm_90,sm_80)")
+        targets = tuple(dict.fromkeys(Target.parse(a) for a in archs))
+        return [ChildSpec("cpu", targets, concurrency or cores, True, None)]
+    if archs:
+        raise WorkerError("--arch applies to --cpu-only; GPU workers build for their own GPU")
+    chosen = select_gpus(gpus or "all", probe_gpus())
+    per_gpu = concurrency or max(1, cores // len(chosen))
+    return [ChildSpec(f"gpu{g.index}", (g.target,), per_gpu, False, g.index) for g in chosen]
+
+
+def run(settings: Settings, specs: list[ChildSpec], loglevel: str = "INFO") -> int:
+    children: dict[str, subprocess.Popen[bytes]] = {}
+    stopping = False
+
+    def start(spec: ChildSpec) -> None:
+        children[spec.name] = subprocess.Popen(spec.argv(loglevel), env=spec.env(settings))
+        log.info("compileq worker: started %s (pid %d)", spec.name, children[spec.name].pid)
+
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+        for child in children.values():
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    for spec in specs:
+        start(spec)
+    restarts: dict[str, list[float]] = {s.name: [] for s in specs}
+    while not stopping:
+        time.sleep(0.5)
+        for spec in specs:
+            code = children[spec.name].poll()
+            if code is None or stopping:
+                continue
+            recent = [t for t in restarts[spec.name] if time.monotonic() - t < 60]
+            if len(recent) >= 5:
+                log.error("compileq worker: %s keeps dying (exit %s); giving up", spec.name, code)
+                stop(signal.SIGTERM, None)
+                return 1
+            log.warning("compileq worker: %s exited with %s; restarting", spec.name, code)
+            restarts[spec.name] = [*recent, time.monotonic()]
+            start(spec)
+    deadline = time.monotonic() + settings.task_time_limit_s
+    for child in children.values():
+        try:
+            child.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.kill()
+    return 0

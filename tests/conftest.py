@@ -1,0 +1,240 @@
+"""Real components for the tests: a private redis-server and real compileq workers.
+
+Nothing is mocked. Without a redis-server binary the tests that need one are skipped locally
+and fail in CI (CI=true), where `make test` installs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import redis
+
+from compileq import keys
+from compileq.config import Settings
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SECRET = "test-secret-" + "x" * 20
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class RedisServer:
+    port: int
+    process: subprocess.Popen[bytes]
+    workdir: Path
+
+    def url(self, db: int = 0) -> str:
+        return f"redis://127.0.0.1:{self.port}/{db}"
+
+    def client(self, db: int = 0) -> redis.Redis:
+        return redis.Redis.from_url(self.url(db))
+
+
+def start_redis(workdir: Path, *extra: str) -> RedisServer:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        if os.environ.get("CI"):
+            pytest.fail("redis-server is required in CI (make test installs it)")
+        pytest.skip("redis-server not installed (apt-get install redis-server)")
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(workdir),
+            *extra,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    server = RedisServer(port, proc, workdir)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            server.client().ping()
+            return server
+        except redis.ConnectionError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise RuntimeError("redis-server did not start") from None
+            time.sleep(0.05)
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = start_redis(tmp_path_factory.mktemp("redis"))
+    yield server
+    stop_process(server.process)
+
+
+@dataclass
+class Env:
+    """The environment of one compileq process (a client or a worker)."""
+
+    redis_url: str
+    home: Path
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def vars(self, **more: str) -> dict[str, str]:
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("COMPILEQ_", "TRITON_", "TORCHINDUCTOR_"))
+        }
+        env.update(
+            COMPILEQ_REDIS_URL=self.redis_url,
+            COMPILEQ_SECRET=SECRET,
+            COMPILEQ_HEARTBEAT_INTERVAL_S="0.5",
+            COMPILEQ_HEARTBEAT_TTL_S="3",
+            # Shared across the session so the toolchain memo is computed once.
+            XDG_CACHE_HOME=str(self.home / "xdg"),
+            PYTHONUNBUFFERED="1",
+        )
+        env.update(self.extra)
+        env.update(more)
+        return env
+
+
+@pytest.fixture(scope="session")
+def session_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("home")
+
+
+@pytest.fixture(scope="session")
+def env(redis_server: RedisServer, session_home: Path) -> Env:
+    return Env(redis_server.url(0), session_home)
+
+
+@pytest.fixture
+def settings(env: Env) -> Settings:
+    return Settings(redis_url=env.redis_url, secret=SECRET)
+
+
+def compileq_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "compileq.cli", *args]
+
+
+@dataclass
+class Worker:
+    process: subprocess.Popen[bytes]
+    log: Path
+
+
+def start_worker(
+    env: Env, logdir: Path, *args: str, wait_queue_db: redis.Redis | None = None
+) -> Worker:
+    log = logdir / f"worker-{time.monotonic_ns()}.log"
+    proc = subprocess.Popen(
+        compileq_cmd("worker", "--cpu-only", "--arch", "sm_90", "--concurrency", "2", *args),
+        env=env.vars(TRITON_CACHE_DIR=str(logdir / "worker-triton")),
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    client = wait_queue_db or redis.Redis.from_url(env.redis_url)
+    deadline = time.monotonic() + 120
+    while not any(k for k in client.scan_iter(match=keys.WORKERS + "*")):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"worker did not start:\n{log.read_text()[-3000:]}")
+        time.sleep(0.2)
+    return Worker(proc, log)
+
+
+def stop_worker(worker: Worker) -> None:
+    stop_process(worker.process)
+    # The supervisor's children are in its session; make sure none outlives the test.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(worker.process.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="session")
+def worker(env: Env, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
+    w = start_worker(env, tmp_path_factory.mktemp("worker"))
+    yield w
+    stop_worker(w)
+
+
+@pytest.fixture
+def clean_cache(redis_server: RedisServer) -> redis.Redis:
+    """An empty cache (artifacts, leases, jobs, counters); workers' heartbeats are kept."""
+    client = redis_server.client()
+    for pattern in (keys.ARTIFACT, keys.LOCK, keys.JOB):
+        for key in client.scan_iter(match=pattern + "*"):
+            client.delete(key)
+    client.delete(keys.STATS)
+    return client
+
+
+def run_cli(
+    env: Env, *args: str, tmp: Path, check: bool = True, timeout: float = 300, **more: str
+) -> subprocess.CompletedProcess[str]:
+    """Run ``compileq ARGS`` as a fresh process with its own empty Inductor/Triton cache dirs."""
+    tag = str(time.monotonic_ns())
+    proc = subprocess.run(
+        compileq_cmd(*args),
+        env=env.vars(
+            TRITON_CACHE_DIR=str(tmp / f"triton-{tag}"),
+            TORCHINDUCTOR_CACHE_DIR=str(tmp / f"inductor-{tag}"),
+            **more,
+        ),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"compileq {' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-4000:]}"
+        )
+    return proc
+
+
+def warm_json(env: Env, manifest: Path, tmp: Path, **more: str) -> dict[str, float]:
+    proc = run_cli(env, "warm", str(manifest), "--json", tmp=tmp, **more)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def stats(env: Env, tmp: Path) -> dict[str, int]:
+    proc = run_cli(env, "stats", "--json", tmp=tmp)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def manifest_rows(path: Path) -> list[dict[str, str]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

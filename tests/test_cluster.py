@@ -1,0 +1,236 @@
+"""End to end: real redis-server, real `compileq worker --cpu-only` processes, real clients."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import struct
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import redis
+from pydantic import SecretStr
+
+from compileq import keys
+from compileq.cache.store import RedisStore
+from compileq.config import Settings
+from compileq.tasks.app import COMPILE_TRITON, app
+from tests.conftest import (
+    FIXTURES,
+    SECRET,
+    Env,
+    RedisServer,
+    Worker,
+    compileq_cmd,
+    free_port,
+    manifest_rows,
+    run_cli,
+    stats,
+    warm_json,
+)
+
+MLP = FIXTURES / "dynamic_mlp.jsonl"
+GPT = FIXTURES / "gpt_head.jsonl"
+
+
+def artifact_keys(client: redis.Redis) -> list[bytes]:
+    return sorted(client.scan_iter(match=keys.ARTIFACT + "*"))
+
+
+def test_kernels_compile_on_the_worker_into_real_cubins(
+    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path, settings: Settings
+) -> None:
+    n = len(manifest_rows(MLP))
+    report = warm_json(env, MLP, tmp_path)
+    assert report == {**report, "kernels": n, "hits": 0, "remote": n, "local": 0, "failed": 0}
+    counters = stats(env, tmp_path)
+    assert counters["kernel_remote_compiles"] == n
+    assert counters["kernel_local_compiles"] == 0
+    assert counters["entries"] == n
+
+    store = RedisStore(clean_cache, settings)
+    for key in artifact_keys(clean_cache):
+        kernel, elapsed_us = pickle.loads(store.get(key.decode()) or b"")
+        assert type(kernel).__name__ == "CachingAutotuner"
+        assert elapsed_us > 0
+        for result in kernel.compile_results:
+            cubin = bytes(result.kernel.cubin_raw)
+            assert cubin[:4] == b"\x7fELF"  # a real CUDA binary, built without a GPU
+            # ELF e_flags of a CUDA cubin: bits 8-15 hold the SM version the code runs on.
+            assert (struct.unpack_from("<I", cubin, 48)[0] >> 8) & 0xFF == 90
+
+
+def test_a_new_machine_gets_every_kernel_from_the_cache_and_compiles_nothing(
+    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
+) -> None:
+    n = len(manifest_rows(MLP))
+    warm_json(env, MLP, tmp_path / "first")
+    before = stats(env, tmp_path)
+
+    # A second process, empty Inductor and Triton cache dirs, submitting as Inductor does.
+    triton_dir, inductor_dir = tmp_path / "new-triton", tmp_path / "new-inductor"
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).parent / "clients" / "inductor_client.py"), str(MLP)],
+        env=env.vars(TRITON_CACHE_DIR=str(triton_dir), TORCHINDUCTOR_CACHE_DIR=str(inductor_dir)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["kernels"] == n
+    assert got["types"] == ["CachingAutotuner"]
+    assert got["cubins"] >= n
+
+    after = stats(env, tmp_path)
+    assert after["kernel_hits"] - before["kernel_hits"] == n
+    assert after["kernel_remote_compiles"] == before["kernel_remote_compiles"]
+    assert after["kernel_local_compiles"] == before["kernel_local_compiles"] == 0
+    # Nothing was compiled in that process: Triton never wrote to its cache dir.
+    assert not triton_dir.exists() or not any(triton_dir.rglob("*.cubin"))
+
+    # And `compileq warm` in yet another fresh process reports all hits.
+    again = warm_json(env, MLP, tmp_path / "third")
+    assert (again["hits"], again["remote"], again["local"]) == (n, 0, 0)
+
+
+def test_concurrent_clients_cause_exactly_one_compile_per_kernel(
+    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
+) -> None:
+    n = len(manifest_rows(MLP))
+    with ThreadPoolExecutor(4) as pool:
+        reports = list(pool.map(lambda i: warm_json(env, MLP, tmp_path / f"c{i}"), range(4)))
+    for report in reports:
+        assert report["failed"] == 0 and report["local"] == 0
+        assert report["hits"] + report["remote"] == n
+    counters = stats(env, tmp_path)
+    assert counters["kernel_remote_compiles"] == n
+    assert counters["kernel_local_compiles"] == 0
+    assert counters["entries"] == n
+
+
+def test_tampered_truncated_and_foreign_entries_are_rejected_removed_and_rebuilt(
+    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path, settings: Settings
+) -> None:
+    n = len(manifest_rows(MLP))
+    warm_json(env, MLP, tmp_path)
+    victims = artifact_keys(clean_cache)[:3]
+    tampered = bytearray(clean_cache.get(victims[0]) or b"")
+    tampered[len(tampered) // 2] ^= 0x40
+    clean_cache.set(victims[0], bytes(tampered))
+    clean_cache.set(victims[1], (clean_cache.get(victims[1]) or b"")[:100])
+    foreign = RedisStore(
+        clean_cache, settings.model_copy(update={"secret": SecretStr("someone-else")})
+    )
+    payload = RedisStore(clean_cache, settings).get(victims[2].decode())
+    assert payload is not None
+    clean_cache.set(victims[2], foreign.seal(victims[2].decode(), payload))
+
+    report = warm_json(env, MLP, tmp_path / "again")
+    assert (report["hits"], report["remote"], report["local"], report["failed"]) == (n - 3, 3, 0, 0)
+    counters = stats(env, tmp_path)
+    assert counters["integrity_failures"] == 3
+    assert counters["kernel_remote_compiles"] == n + 3
+    # The rebuilt entries are sound: a third client hits everything.
+    final = warm_json(env, MLP, tmp_path / "final")
+    assert final["hits"] == n
+
+
+def test_with_redis_down_kernels_build_locally(env: Env, tmp_path: Path) -> None:
+    n = len(manifest_rows(GPT))
+    down = Env(f"redis://127.0.0.1:{free_port()}/0", env.home)
+    proc = run_cli(down, "warm", str(GPT), "--json", tmp=tmp_path)
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (report["local"], report["failed"], report["remote"]) == (n, 0, 0)
+    assert proc.stderr.count("compiling locally") == 1  # said once, not once per kernel
+
+
+def test_with_no_live_worker_kernels_build_locally_and_are_cached(
+    redis_server: RedisServer, env: Env, tmp_path: Path
+) -> None:
+    lonely = Env(redis_server.url(3), env.home)  # a database no worker serves
+    redis_server.client(3).flushdb()
+    n = len(manifest_rows(GPT))
+    proc = run_cli(lonely, "warm", str(GPT), "--json", tmp=tmp_path)
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (report["local"], report["failed"]) == (n, 0)
+    assert "no live worker" in proc.stderr
+    counters = stats(lonely, tmp_path)
+    assert counters["kernel_local_compiles"] == n and counters["fallbacks"] == n
+    second = warm_json(lonely, GPT, tmp_path / "second")
+    assert second["hits"] == n
+
+
+def test_a_kernel_that_fails_to_compile_is_reported_and_never_cached(
+    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
+) -> None:
+    row = manifest_rows(GPT)[0]
+    broken = dict(row, source=row["source"].replace("tl.load(", "tl.no_such_load("))
+    manifest = tmp_path / "broken.jsonl"
+    manifest.write_text(json.dumps(broken) + "\n" + json.dumps(manifest_rows(GPT)[1]) + "\n")
+    proc = run_cli(env, "warm", str(manifest), "--json", tmp=tmp_path, check=False)
+    assert proc.returncode == 1
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (report["failed"], report["remote"]) == (1, 1)
+    assert "no_such_load" in proc.stderr  # the kernel's own error, as stock would show it
+    counters = stats(env, tmp_path)
+    assert counters["kernel_remote_failures"] == 1
+    assert counters["entries"] == 1  # only the good kernel
+    assert not list(clean_cache.scan_iter(match=keys.LOCK + "*"))  # nobody left waiting
+
+
+def test_a_malformed_task_message_is_rejected_and_the_worker_keeps_serving(
+    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path, settings: Settings
+) -> None:
+    queue = next(clean_cache.scan_iter(match=keys.WORKERS + "*")).decode()[len(keys.WORKERS) :]
+    app.conf.update(broker_url=settings.broker)
+    for bad in (123, "not-a-key", keys.artifact("triton", "0" * 64)):
+        app.send_task(COMPILE_TRITON, args=[bad], queue=queue)
+    deadline = time.monotonic() + 60
+    while int(clean_cache.hget(keys.STATS, "rejected_tasks") or 0) < 3:
+        assert time.monotonic() < deadline, worker.log.read_text()[-3000:]
+        time.sleep(0.2)
+    report = warm_json(env, GPT, tmp_path)
+    assert report["remote"] == len(manifest_rows(GPT))
+
+
+def test_a_worker_of_another_toolchain_never_receives_the_kernels(
+    env: Env, clean_cache: redis.Redis, tmp_path: Path, worker: Worker
+) -> None:
+    # A codegen-relevant variable on the client changes its toolchain, hence its queue: the
+    # running worker (without it) gets nothing and the client builds locally.
+    proc = run_cli(env, "warm", str(GPT), "--json", tmp=tmp_path, TRITON_DEFAULT_FP_FUSION="0")
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (report["local"], report["remote"]) == (len(manifest_rows(GPT)), 0)
+    assert stats(env, tmp_path)["kernel_remote_compiles"] == 0
+
+
+def test_cli_errors_are_clear(env: Env, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"name": "k", "source": "x"}\nnot json\n')
+    proc = run_cli(env, "warm", str(bad), tmp=tmp_path, check=False)
+    assert (
+        proc.returncode == 2 and "bad.jsonl:1" in proc.stderr and "DeviceProperties" in proc.stderr
+    )
+    proc = run_cli(env, "worker", "--cpu-only", tmp=tmp_path, check=False)
+    assert proc.returncode == 2 and "--arch" in proc.stderr
+    proc = run_cli(env, "worker", "--cpu-only", "--arch", "hopper", tmp=tmp_path, check=False)
+    assert proc.returncode == 2 and "sm_<cc>" in proc.stderr
+    proc = subprocess.run(
+        compileq_cmd("stats"),
+        env={**env.vars(), "COMPILEQ_SECRET": ""},
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2 and "COMPILEQ_SECRET" in proc.stderr
+    assert SECRET not in proc.stderr
+
+
+@pytest.mark.parametrize("value", ["http://x", "redis//nope"])
+def test_a_bad_redis_url_is_refused(value: str) -> None:
+    with pytest.raises(ValueError, match="redis://"):
+        Settings(redis_url=value)

@@ -1,0 +1,92 @@
+"""Targets, toolchains and the content key."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from compileq import fingerprint
+from compileq.errors import UnsupportedTarget
+from compileq.fingerprint import Target, codegen_env, local_toolchain
+from compileq.tasks.jobs import TritonJob
+from tests.conftest import FIXTURES, manifest_rows
+
+
+def test_the_target_is_read_from_the_kernels_device_properties() -> None:
+    row = manifest_rows(FIXTURES / "dynamic_mlp.jsonl")[0]
+    assert Target.from_source(row["source"]) == Target("cuda", "90", 32)
+    assert Target.from_source("def f(): pass") is None
+
+
+@pytest.mark.parametrize("text", ["sm_90", "sm90", "sm_90a", "cuda-90-w32"])
+def test_arch_flags_name_cuda_targets(text: str) -> None:
+    assert str(Target.parse(text)) == "cuda-90-w32"
+
+
+@pytest.mark.parametrize("text", ["", "hopper", "sm_", "cuda-90"])
+def test_an_unknown_arch_is_refused_with_a_hint(text: str) -> None:
+    with pytest.raises(UnsupportedTarget, match="sm_<cc>"):
+        Target.parse(text)
+
+
+def test_the_key_changes_with_every_component() -> None:
+    row = manifest_rows(FIXTURES / "dynamic_mlp.jsonl")[0]
+    job = TritonJob(row["name"], row["source"], {"use_static_triton_launcher": True})
+    target = Target("cuda", "90", 32)
+    toolchain = local_toolchain(target)
+    base = job.key(toolchain, target)
+    variants = [
+        dataclasses.replace(job, source=job.source + "\n").key(toolchain, target),
+        dataclasses.replace(job, name="other").key(toolchain, target),
+        dataclasses.replace(job, extra_config={"use_static_triton_launcher": False}).key(
+            toolchain, target
+        ),
+        job.key(dataclasses.replace(toolchain, triton_version="0.0"), target),
+        job.key(dataclasses.replace(toolchain, assembler="ptxas 1.0"), target),
+        job.key(
+            dataclasses.replace(toolchain, codegen_env=(("TRITON_F32_DEFAULT", "ieee"),)), target
+        ),
+        job.key(toolchain, Target("cuda", "80", 32)),
+    ]
+    assert base.startswith("compileq:a:triton:")
+    assert len({base, *variants}) == len(variants) + 1
+    assert job.key(toolchain, target) == base  # and it is deterministic
+
+
+def test_codegen_env_keeps_codegen_variables_and_drops_locations() -> None:
+    env = {
+        "TRITON_CACHE_DIR": "/x",
+        "TRITON_DEFAULT_FP_FUSION": "0",
+        "PATH": "/bin",
+        "TRITON_HOME": "/h",
+    }
+    assert codegen_env(env) == (("TRITON_DEFAULT_FP_FUSION", "0"),)
+
+
+def test_the_toolchain_memo_is_recomputed_when_a_file_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "a.py").write_text("x = 1\n")
+    calls: list[int] = []
+
+    def compute() -> str:
+        calls.append(1)
+        return f"value-{len(calls)}"
+
+    sig = fingerprint._stat_signature(str(pkg), (".py",))
+    assert fingerprint._memoised("k", sig, compute) == "value-1"
+    assert fingerprint._memoised("k", sig, compute) == "value-1"
+    (pkg / "a.py").write_text("x = 22\n")
+    sig2 = fingerprint._stat_signature(str(pkg), (".py",))
+    assert sig2 != sig
+    assert fingerprint._memoised("k", sig2, compute) == "value-2"
+    assert (
+        json.loads((tmp_path / "cache" / "compileq" / "toolchain.json").read_text())["k"]["value"]
+        == "value-2"
+    )

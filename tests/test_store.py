@@ -1,0 +1,94 @@
+"""The artifact store against a real redis-server."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import redis
+
+from compileq import keys
+from compileq.cache.counters import read_counters
+from compileq.cache.store import RedisStore, redis_client
+from compileq.config import Settings
+from compileq.errors import ConfigError, EntryTooLarge
+
+
+def key(n: int) -> str:
+    return keys.artifact("triton", f"{n:064x}")
+
+
+@pytest.fixture
+def store(settings: Settings, clean_cache: redis.Redis) -> RedisStore:
+    return RedisStore(redis_client(settings.redis_url, settings), settings)
+
+
+def _mget_calls(client: redis.Redis) -> int:
+    return int(client.info("commandstats").get("cmdstat_mget", {}).get("calls", 0))
+
+
+def test_a_batched_lookup_is_one_round_trip_with_misses_as_none(store: RedisStore) -> None:
+    for n in range(0, 1000, 2):
+        store.put(key(n), f"payload-{n}".encode())
+    before = _mget_calls(store.client)
+    found = store.get_many([key(n) for n in range(1000)])
+    assert _mget_calls(store.client) == before + 1
+    assert found[0] == b"payload-0" and found[1] is None and found[998] == b"payload-998"
+    assert sum(p is not None for p in found) == 500
+
+
+def test_the_first_writer_wins(store: RedisStore) -> None:
+    assert store.put(key(1), b"first") is True
+    assert store.put(key(1), b"second") is False
+    assert store.get(key(1)) == b"first"
+
+
+def test_an_oversized_entry_is_refused_with_a_clear_error(
+    settings: Settings, clean_cache: redis.Redis
+) -> None:
+    small = RedisStore(clean_cache, settings.model_copy(update={"max_entry_bytes": 1000}))
+    with pytest.raises(EntryTooLarge, match="COMPILEQ_MAX_ENTRY_BYTES"):
+        small.put(key(2), os.urandom(5000))
+    assert clean_cache.get(key(2)) is None
+
+
+def test_a_corrupt_entry_is_deleted_counted_and_treated_as_a_miss(store: RedisStore) -> None:
+    store.put(key(3), b"good")
+    raw = bytearray(store.client.get(key(3)))
+    raw[-1] ^= 0xFF
+    store.client.set(key(3), bytes(raw))
+    assert store.get(key(3)) is None
+    assert store.client.exists(key(3)) == 0
+    assert read_counters(store.client)["integrity_failures"] == 1
+
+
+def test_a_rejected_entry_replaced_meanwhile_by_a_good_one_is_kept(store: RedisStore) -> None:
+    store.put(key(4), b"good")
+    good = store.client.get(key(4))
+    # Another client rewrote it between our read and our delete: compare-and-delete keeps it.
+    assert (
+        store._delete_if_equal(keys=[key(4), keys.STATS], args=[b"bad bytes", "integrity_failures"])
+        == 0
+    )
+    assert store.client.get(key(4)) == good
+
+
+def test_entries_expire_when_a_ttl_is_set(settings: Settings, clean_cache: redis.Redis) -> None:
+    expiring = RedisStore(clean_cache, settings.model_copy(update={"ttl_s": 100}))
+    expiring.put(key(5), b"x")
+    assert 0 < clean_cache.ttl(key(5)) <= 100
+    RedisStore(clean_cache, settings).put(key(6), b"x")
+    assert clean_cache.ttl(key(6)) == -1
+
+
+def test_usage_counts_entries_and_bytes(store: RedisStore) -> None:
+    for n in range(10):
+        store.put(key(100 + n), b"x" * 100)
+    entries, size = store.usage()
+    assert entries == 10
+    assert size == sum(store.client.strlen(key(100 + n)) for n in range(10))
+
+
+def test_a_store_without_a_secret_refuses_to_start(clean_cache: redis.Redis) -> None:
+    with pytest.raises(ConfigError, match="COMPILEQ_SECRET"):
+        RedisStore(clean_cache, Settings(secret=None))
