@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -29,7 +29,7 @@ def incr(pipe: redis.Redis | Any, counts: dict[Counter, int]) -> None:
 
 
 def read_counters(client: redis.Redis) -> dict[str, int]:
-    raw: dict[bytes, bytes] = client.hgetall(keys.STATS)
+    raw = cast("dict[bytes, bytes]", client.hgetall(keys.STATS))
     values = {c.value: 0 for c in Counter}
     values.update({k.decode(): int(v) for k, v in raw.items()})
     return values

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import cast
 
 import redis
 
 from compileq import keys
 from compileq._log import log
 from compileq.cache.counters import Counter, incr
-from compileq.cache.envelope import open_sealed, seal
+from compileq.cache.envelope import decompress, seal, verify
 from compileq.config import Settings
 from compileq.errors import EntryTooLarge, IntegrityError
 
@@ -36,12 +38,24 @@ def redis_client(url: str, settings: Settings) -> redis.Redis:
     )
 
 
+@dataclass(frozen=True)
+class Entry:
+    """An authenticated entry, decompressed when its payload is first read."""
+
+    key: str
+    body: bytes
+    max_bytes: int
+
+    def payload(self) -> bytes:
+        return decompress(self.key, self.body, self.max_bytes)
+
+
 class Store(abc.ABC):
-    """Where built artifacts live, by content key. Values are payload bytes, verified."""
+    """Where built artifacts live, by content key."""
 
     @abc.abstractmethod
-    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
-        """Payloads for ``keys`` in order; ``None`` for a miss or a rejected entry."""
+    def get_many(self, keys: Sequence[str]) -> list[Entry | None]:
+        """Verified entries for ``keys`` in order; ``None`` for a miss or a rejected entry."""
 
     @abc.abstractmethod
     def put(self, key: str, payload: bytes) -> bool:
@@ -60,21 +74,23 @@ class RedisStore(Store):
         self._ttl = settings.ttl_s
         self._delete_if_equal = client.register_script(_DELETE_IF_EQUAL)
 
-    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+    def get_many(self, keys: Sequence[str]) -> list[Entry | None]:
         if not keys:
             return []
-        blobs: list[bytes | None] = self.client.mget(list(keys))
-        out: list[bytes | None] = []
-        for key, blob in zip(keys, blobs, strict=True):
-            out.append(None if blob is None else self._open(key, blob))
-        return out
+        blobs = cast("list[bytes | None]", self.client.mget(list(keys)))
+        return [
+            None if blob is None else self._verify(key, blob)
+            for key, blob in zip(keys, blobs, strict=True)
+        ]
 
     def get(self, key: str) -> bytes | None:
-        return self.get_many([key])[0]
+        """The payload stored under ``key``, or None."""
+        entry = self.get_many([key])[0]
+        return None if entry is None else entry.payload()
 
-    def _open(self, key: str, blob: bytes) -> bytes | None:
+    def _verify(self, key: str, blob: bytes) -> Entry | None:
         try:
-            return open_sealed(self._secret, key, blob, self._max_bytes)
+            return Entry(key, verify(self._secret, key, blob), self._max_bytes)
         except IntegrityError as e:
             removed = self._delete_if_equal(
                 keys=[key, keys.STATS], args=[blob, Counter.INTEGRITY_FAILURES.value]

@@ -25,7 +25,7 @@ import redis
 from compileq import keys
 from compileq._log import log, warn_once
 from compileq.cache.counters import Counter
-from compileq.cache.store import RedisStore, redis_client
+from compileq.cache.store import Entry, RedisStore, redis_client
 from compileq.config import Settings
 from compileq.errors import CompileqError, EntryTooLarge
 from compileq.scheduler.local import LocalBuilder
@@ -47,8 +47,13 @@ class Outcome(str, enum.Enum):
 @dataclass(frozen=True)
 class Built:
     key: str
-    payload: bytes  # the pickled return value of Inductor's _worker_compile_triton
+    source: Entry | bytes  # a verified cache entry, or the bytes a local build returned
     outcome: Outcome
+
+    @property
+    def payload(self) -> bytes:
+        """The pickled return value of Inductor's ``_worker_compile_triton``."""
+        return self.source if isinstance(self.source, bytes) else self.source.payload()
 
 
 class _State(enum.Enum):
@@ -123,13 +128,13 @@ class KernelClient:
             return
         try:
             self._ensure_listener()
-            payloads = self._store.get_many([f.key for f in flights])
+            entries = self._store.get_many([f.key for f in flights])
             misses = []
-            for flight, payload in zip(flights, payloads, strict=True):
-                if payload is None:
+            for flight, entry in zip(flights, entries, strict=True):
+                if entry is None:
                     misses.append(flight)
                 else:
-                    self._resolve(flight, Built(flight.key, payload, Outcome.HIT))
+                    self._resolve(flight, Built(flight.key, entry, Outcome.HIT))
             owners = self._take_leases(misses)
             remote = [f for f in owners if self._router.has_worker(f.queue)]
             unserved = [f for f in owners if f not in remote]
@@ -250,7 +255,7 @@ class KernelClient:
                     if time.monotonic() < self._down_until:
                         self._closed.wait(0.2)
                         continue
-                    pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+                    pubsub = self._redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
                     pubsub.subscribe(keys.DONE_CHANNEL)
                     pubsub.get_message(timeout=self._settings.connect_timeout_s)  # confirmation
                     self._subscribed.set()
@@ -287,23 +292,23 @@ class KernelClient:
                     done[key].error,
                 )
                 self._build_locally([flight])
-        payloads = self._store.get_many([f.key for f in ok])
-        for flight, payload in zip(ok, payloads, strict=True):
-            if payload is None:  # evicted, or rejected as corrupt: build it here
+        entries = self._store.get_many([f.key for f in ok])
+        for flight, entry in zip(ok, entries, strict=True):
+            if entry is None:  # evicted, or rejected as corrupt: build it here
                 self._build_locally([flight])
             else:
-                self._resolve(flight, Built(flight.key, payload, Outcome.REMOTE))
+                self._resolve(flight, Built(flight.key, entry, Outcome.REMOTE))
 
     def _poll(self) -> None:
         waiting = self._waiting()
         if not waiting:
             return
-        payloads = self._store.get_many([f.key for f in waiting])
+        entries = self._store.get_many([f.key for f in waiting])
         now = time.monotonic()
         late = []
-        for flight, payload in zip(waiting, payloads, strict=True):
-            if payload is not None:
-                self._resolve(flight, Built(flight.key, payload, Outcome.REMOTE))
+        for flight, entry in zip(waiting, entries, strict=True):
+            if entry is not None:
+                self._resolve(flight, Built(flight.key, entry, Outcome.REMOTE))
             elif now >= flight.deadline:
                 late.append(flight)
         if late:

@@ -44,7 +44,7 @@ def install(settings: Settings | None = None) -> bool:
         try:
             original = AsyncCompile.__dict__["process_pool"]
             stock = original.__func__
-            client = KernelClient(settings, LocalBuilder(stock, cross_compile=False))
+            client = KernelClient(settings, LocalBuilder(stock))
         except ConfigError as e:
             warn_once("config", "compileq: not installed: %s", e)
             return False

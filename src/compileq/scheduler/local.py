@@ -18,11 +18,17 @@ class LocalBuilder:
     the training script's ``__main__``), same logs.
     """
 
-    def __init__(self, stock_pool: Callable[[], Any], cross_compile: bool) -> None:
+    def __init__(self, stock_pool: Callable[[], Any], cross_compile: bool | None = None) -> None:
+        """``cross_compile=None`` decides at the first build: cross-compile iff no GPU here."""
         self._stock_pool = stock_pool
         self._cross_compile = cross_compile
 
     def submit(self, job: TritonJob, extra_env: dict[str, str]) -> Future[bytes]:
+        if self._cross_compile is None:
+            import torch
+
+            # Asked only when a local build is needed: the hit path never touches CUDA.
+            self._cross_compile = not torch.cuda.is_available()
         future: Future[bytes] = self._stock_pool().submit(
             build_triton_payload, job.to_json(), extra_env, self._cross_compile
         )

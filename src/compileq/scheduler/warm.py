@@ -62,13 +62,11 @@ def read_manifest(path: Path) -> list[TritonJob]:
 
 
 def warm(jobs: list[TritonJob], settings: Settings) -> WarmReport:
-    import torch
     from torch._inductor.async_compile import AsyncCompile, get_compile_threads
 
     get_compile_threads()  # settles config.compile_threads before the stock pool reads it
     started = time.perf_counter()
-    cross = not torch.cuda.is_available()
-    client = KernelClient(settings, LocalBuilder(AsyncCompile.process_pool, cross_compile=cross))
+    client = KernelClient(settings, LocalBuilder(AsyncCompile.process_pool))
     try:
         futures = client.submit_many([(job, {}) for job in jobs])
         wait(futures)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import cast
 
 import redis
 
@@ -44,7 +45,7 @@ def execute_compile_triton(key: object) -> str:
     if not isinstance(key, str) or not key.startswith(keys.artifact(TRITON, "")):
         return _reject(ctx, repr(key)[:200], "malformed task message: expected an artifact key")
     # A duplicate delivery, or a client that built it locally while this waited in the queue.
-    if ctx.store.get(key) is not None:
+    if ctx.store.get_many([key])[0] is not None:
         _finish(client, key)
         announce(client, Done(key, True))
         return "cached"
@@ -71,7 +72,7 @@ def execute_compile_triton(key: object) -> str:
 
 
 def _load_job(ctx: WorkerContext, key: str) -> TritonJob:
-    raw = ctx.store.client.get(keys.job(key))
+    raw = cast("bytes | None", ctx.store.client.get(keys.job(key)))
     if raw is None:
         raise CompileqError("job spec missing (expired, or never written by a client)")
     try:

@@ -1,0 +1,35 @@
+# One-command set-up on a fresh Debian/Ubuntu machine: `make demo` and `make test` install what
+# is missing (Debian's redis-server, a virtualenv with torch 2.13 CPU, Triton, compileq) first.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: setup redis test lint bench-hit clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# Pinned: the CPU build of 2.13.0; an open range would pull a multi-GB CUDA build.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[cross,dev]'
+	touch $@
+
+redis:
+	@command -v redis-server >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq redis-server; }
+
+setup: $(VENV)/.installed redis
+
+test: setup
+	$(PY) -m pytest -q
+
+lint: setup
+	$(VENV)/bin/ruff check src tests bench examples
+	$(VENV)/bin/ruff format --check src tests bench examples
+	$(VENV)/bin/mypy
+
+bench-hit: setup
+	$(PY) -m bench.hit_path
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
