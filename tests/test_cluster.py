@@ -207,6 +207,8 @@ def test_a_worker_of_another_toolchain_never_receives_the_kernels(
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert (report["local"], report["remote"]) == (len(manifest_rows(GPT)), 0)
     assert stats(env, tmp_path)["kernel_remote_compiles"] == 0
+    # The warning names the component that differs.
+    assert "codegen_env (worker {}, here {'TRITON_DEFAULT_FP_FUSION': '0'})" in proc.stderr
 
 
 def test_cli_errors_are_clear(env: Env, tmp_path: Path) -> None:

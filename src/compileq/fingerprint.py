@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import inspect
 import json
 import os
 import re
+import subprocess
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -192,21 +192,29 @@ def _triton_identity() -> tuple[str, str]:
     return triton.__version__, _memoised("triton_key", signature, compute)
 
 
-@functools.cache
 def assembler_version(target: Target) -> str:
-    """The version line of the assembler Triton will use for ``target`` (ptxas for CUDA)."""
+    """The version of the assembler a build for ``target`` runs now (ptxas for CUDA).
+
+    Resolved on every call, not cached: Inductor points Triton at torch's bundled ptxas only
+    when it first compiles (``_set_triton_ptxas_path``), and Triton's own ``get_ptxas_version``
+    is cached per process, so in a training process it can report the ptxas that was current
+    before that switch, not the one a build uses. Only the ``--version`` call is cached, by path.
+    """
     if target.backend != "cuda":
         return f"{target.backend}:unknown"
     from torch._inductor.runtime.compile_tasks import _set_triton_ptxas_path
     from triton.backends.nvidia import compiler as nv
 
-    # Inductor points Triton at torch's bundled ptxas when there is one; do the same first so
-    # the fingerprint names the assembler a build will really run.
-    _set_triton_ptxas_path()
-    get_version = nv.get_ptxas_version
-    takes_arch = bool(inspect.signature(get_version).parameters)
-    text = get_version(int(target.arch)) if takes_arch else get_version()
-    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+    _set_triton_ptxas_path()  # what _worker_compile_triton does before every build
+    tool = nv.get_ptxas(int(target.arch))
+    path = tool[0] if isinstance(tool, tuple) else tool.path  # older Triton returns (path, ver)
+    return _tool_version(str(path))
+
+
+@functools.cache
+def _tool_version(path: str) -> str:
+    text = subprocess.run([path, "--version"], capture_output=True, text=True, check=True).stdout
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     release = [ln for ln in lines if "release" in ln or ln.startswith("Build")]
     return " | ".join(release or lines[-1:])
 

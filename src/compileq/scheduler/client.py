@@ -138,12 +138,14 @@ class KernelClient:
             owners = self._take_leases(misses)
             remote = [f for f in owners if self._router.has_worker(f.queue)]
             unserved = [f for f in owners if f not in remote]
-            for queue in {f.queue for f in unserved}:
-                warn_once(
-                    f"no-worker:{queue}",
-                    "compileq: no live worker for queue %s; compiling locally",
-                    queue,
-                )
+            for queue, flight in {f.queue: f for f in unserved}.items():
+                if flight.job.target is not None:
+                    warn_once(
+                        f"no-worker:{queue}",
+                        "compileq: no live worker for queue %s (%s); compiling locally",
+                        queue,
+                        self._router.why_unserved(flight.job.target),
+                    )
             self._store.count(
                 {
                     Counter.KERNEL_HITS: len(flights) - len(misses),

@@ -34,6 +34,29 @@ class Router:
     def queue(self, target: Target) -> str:
         return triton_queue(self.toolchain(target), target)
 
+    def why_unserved(self, target: Target) -> str:
+        """Which part of this machine's toolchain no live worker for ``target`` shares.
+
+        A miss of routing is the cluster-level "it recompiled and I don't know why": naming
+        the differing component (a version, the assembler, a TRITON_* variable) makes it
+        actionable without a debugger.
+        """
+        mine = self.toolchain(target).describe()
+        seen = []
+        for info in liveness.workers_info(self._client):
+            theirs = info.get("toolchains", {}).get(str(target))
+            if not isinstance(theirs, dict):
+                continue
+            diffs = [
+                f"{name} (worker {theirs.get(name)!r}, here {mine[name]!r})"
+                for name in mine
+                if name != "digest" and theirs.get(name) != mine[name]
+            ]
+            seen.append(f"{info.get('host')}/{info.get('name')} differs in " + "; ".join(diffs))
+        if not seen:
+            return f"no live worker builds for {target}"
+        return " | ".join(seen[:3])
+
     def has_worker(self, queue: str) -> bool:
         now = time.monotonic()
         cached = self._live.get(queue)

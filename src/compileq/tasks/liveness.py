@@ -50,5 +50,18 @@ def leave(client: redis.Redis, worker_id: str, queues: list[str]) -> None:
     pipe.execute()
 
 
+def workers_info(client: redis.Redis) -> list[dict[str, Any]]:
+    """What every live worker published with its last heartbeat."""
+    names = list(client.scan_iter(match=keys.WORKER_INFO + "*", count=1000))
+    infos = []
+    for raw in client.mget(names) if names else []:
+        if raw is not None:
+            try:
+                infos.append(json.loads(raw))
+            except ValueError:
+                continue
+    return infos
+
+
 def live_count(client: redis.Redis, queue: str, ttl_s: float) -> int:
     return int(client.register_script(_LIVE)(keys=[keys.workers(queue)], args=[ttl_s]))
