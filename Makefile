@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup redis test lint bench-hit clean
+.PHONY: setup redis demo test lint bench-hit clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,9 @@ redis:
 	@command -v redis-server >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq redis-server; }
 
 setup: $(VENV)/.installed redis
+
+demo: setup
+	$(VENV)/bin/compileq demo
 
 test: setup
 	$(PY) -m pytest -q

@@ -6,12 +6,9 @@ and fail in CI (CI=true), where `make test` installs it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,86 +19,27 @@ from pathlib import Path
 import pytest
 import redis
 
-from compileq import keys
+from compileq import keys, localstack
 from compileq.config import Settings
+from compileq.localstack import RedisServer, stop
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SECRET = "test-secret-" + "x" * 20
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class RedisServer:
-    port: int
-    process: subprocess.Popen[bytes]
-    workdir: Path
-
-    def url(self, db: int = 0) -> str:
-        return f"redis://127.0.0.1:{self.port}/{db}"
-
-    def client(self, db: int = 0) -> redis.Redis:
-        return redis.Redis.from_url(self.url(db))
-
-
-def start_redis(workdir: Path, *extra: str) -> RedisServer:
-    binary = shutil.which("redis-server")
-    if binary is None:
+def start_redis(workdir: Path) -> RedisServer:
+    if shutil.which("redis-server") is None:
         if os.environ.get("CI"):
             pytest.fail("redis-server is required in CI (make test installs it)")
         pytest.skip("redis-server not installed (apt-get install redis-server)")
-    workdir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(workdir),
-            *extra,
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-    )
-    server = RedisServer(port, proc, workdir)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            server.client().ping()
-            return server
-        except redis.ConnectionError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise RuntimeError("redis-server did not start") from None
-            time.sleep(0.05)
-
-
-def stop_process(proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    return localstack.start_redis(workdir)
 
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     server = start_redis(tmp_path_factory.mktemp("redis"))
     yield server
-    stop_process(server.process)
+    stop(server.process)
 
 
 @dataclass
@@ -157,32 +95,16 @@ class Worker:
     log: Path
 
 
-def start_worker(
-    env: Env, logdir: Path, *args: str, wait_queue_db: redis.Redis | None = None
-) -> Worker:
+def start_worker(env: Env, logdir: Path, *args: str) -> Worker:
     log = logdir / f"worker-{time.monotonic_ns()}.log"
-    proc = subprocess.Popen(
-        compileq_cmd("worker", "--cpu-only", "--arch", "sm_90", "--concurrency", "2", *args),
-        env=env.vars(TRITON_CACHE_DIR=str(logdir / "worker-triton")),
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    client = wait_queue_db or redis.Redis.from_url(env.redis_url)
-    deadline = time.monotonic() + 120
-    while not any(k for k in client.scan_iter(match=keys.WORKERS + "*")):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"worker did not start:\n{log.read_text()[-3000:]}")
-        time.sleep(0.2)
-    return Worker(proc, log)
+    settings = Settings(redis_url=env.redis_url, secret=SECRET)
+    worker_env = env.vars(TRITON_CACHE_DIR=str(logdir / "worker-triton"))
+    argv = ["--cpu-only", "--arch", "sm_90", "--concurrency", "2", *args]
+    return Worker(localstack.start_worker(settings, argv, log, env=worker_env), log)
 
 
 def stop_worker(worker: Worker) -> None:
-    stop_process(worker.process)
-    # The supervisor's children are in its session; make sure none outlives the test.
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(worker.process.pid, signal.SIGKILL)
+    stop(worker.process)
 
 
 @pytest.fixture(scope="session")

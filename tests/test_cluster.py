@@ -18,6 +18,7 @@ from pydantic import SecretStr
 from compileq import keys
 from compileq.cache.store import RedisStore
 from compileq.config import Settings
+from compileq.localstack import free_port
 from compileq.tasks.app import COMPILE_TRITON, app
 from tests.conftest import (
     FIXTURES,
@@ -26,7 +27,6 @@ from tests.conftest import (
     RedisServer,
     Worker,
     compileq_cmd,
-    free_port,
     manifest_rows,
     run_cli,
     stats,

@@ -18,10 +18,11 @@ from torch._inductor.runtime.compile_tasks import _worker_compile_triton
 
 import compileq
 from compileq.config import Settings
+from compileq.localstack import free_port
 from compileq.scheduler import installed_pool
 from compileq.scheduler.inductor import inductor_extra_config, recognise
 from compileq.scheduler.pool import CompileqPool
-from tests.conftest import FIXTURES, Env, free_port, manifest_rows
+from tests.conftest import FIXTURES, Env, manifest_rows
 
 ROW = manifest_rows(FIXTURES / "gpt_head.jsonl")[0]
 LOAD = functools.partial(_load_triton_kernel_from_source, ROW["name"], ROW["source"])

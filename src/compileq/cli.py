@@ -30,10 +30,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_warm(args: argparse.Namespace) -> int:
-    from compileq.scheduler.warm import read_manifest, warm
+    from compileq.scheduler.warm import read_manifest, stock_baseline, warm
 
     jobs = read_manifest(Path(args.manifest))
-    report = warm(jobs, _settings(args))
+    report = stock_baseline(jobs) if args.stock else warm(jobs, _settings(args))
     if args.json:
         print(json.dumps(report.as_dict()))
     else:
@@ -42,6 +42,12 @@ def cmd_warm(args: argparse.Namespace) -> int:
             f"{report.local} built locally, {report.failed} failed, in {report.wall_s:.2f}s"
         )
     return 1 if report.failed else 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from compileq.demo import run_demo
+
+    return run_demo(Path(args.manifest) if args.manifest else None, as_json=args.json)
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
@@ -79,7 +85,15 @@ def build_parser() -> argparse.ArgumentParser:
     common(p)
     p.add_argument("manifest", help="JSONL file, one {name, source} object per line")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--stock", action="store_true", help="baseline: build in stock Inductor's local pool only"
+    )
     p.set_defaults(func=cmd_warm)
+
+    p = sub.add_parser("demo", help="show compileq against stock on an embedded example")
+    p.add_argument("--manifest", help="kernel manifest (default: an embedded real workload)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("stats", help="show cluster-wide counters")
     common(p)

@@ -88,3 +88,23 @@ def warm(jobs: list[TritonJob], settings: Settings) -> WarmReport:
         failed=tally["failed"],
         wall_s=round(time.perf_counter() - started, 3),
     )
+
+
+def stock_baseline(jobs: list[TritonJob]) -> WarmReport:
+    """The same builds in stock Inductor's local process pool, with no cluster: the baseline."""
+    from torch._inductor.async_compile import AsyncCompile, get_compile_threads
+
+    get_compile_threads()
+    started = time.perf_counter()
+    builder = LocalBuilder(AsyncCompile.process_pool)
+    futures = [builder.submit(job, {}) for job in jobs]
+    wait(futures)
+    failed = sum(f.exception() is not None for f in futures)
+    return WarmReport(
+        kernels=len(jobs),
+        hits=0,
+        remote=0,
+        local=len(jobs) - failed,
+        failed=failed,
+        wall_s=round(time.perf_counter() - started, 3),
+    )

@@ -1,0 +1,116 @@
+"""A private redis-server and local workers, for the demo, benchmarks and tests.
+
+The same processes a deployment runs, started on loopback with a free port and stopped after.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+
+from compileq import keys
+from compileq.config import Settings, child_env
+from compileq.errors import CompileqError
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class RedisServer:
+    port: int
+    process: subprocess.Popen[bytes]
+
+    def url(self, db: int = 0) -> str:
+        return f"redis://127.0.0.1:{self.port}/{db}"
+
+    def client(self, db: int = 0) -> redis.Redis:
+        return redis.Redis.from_url(self.url(db))
+
+
+def start_redis(workdir: Path, *extra: str) -> RedisServer:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise CompileqError("redis-server not found (Debian/Ubuntu: apt-get install redis-server)")
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    proc = subprocess.Popen(
+        [*argv, "--dir", str(workdir), *extra], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+    )
+    server = RedisServer(port, proc)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            server.client().ping()
+            return server
+        except redis.ConnectionError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise CompileqError("redis-server did not start") from None
+            time.sleep(0.05)
+
+
+def stop(proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    """SIGTERM, then SIGKILL after ``timeout``; also kills the process group it leads."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def private_redis() -> Iterator[RedisServer]:
+    with tempfile.TemporaryDirectory(prefix="compileq-redis-") as workdir:
+        server = start_redis(Path(workdir))
+        try:
+            yield server
+        finally:
+            stop(server.process)
+
+
+def start_worker(
+    settings: Settings,
+    args: list[str],
+    log: Path | None = None,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 180,
+) -> subprocess.Popen[bytes]:
+    """``compileq worker ARGS`` in its own process group; returns once it has a heartbeat."""
+    out = log.open("wb") if log else subprocess.DEVNULL
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "compileq.cli", "worker", *args],
+        env={**child_env(settings), **(env or {})},
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    client = redis.Redis.from_url(settings.redis_url)
+    deadline = time.monotonic() + timeout_s
+    while not any(True for _ in client.scan_iter(match=keys.WORKERS + "*")):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop(proc)
+            tail = log.read_text()[-3000:] if log else ""
+            raise CompileqError(f"the worker did not start\n{tail}")
+        time.sleep(0.2)
+    return proc
