@@ -43,12 +43,12 @@ class RedisServer:
         return redis.Redis.from_url(self.url(db))
 
 
-def start_redis(workdir: Path, *extra: str) -> RedisServer:
+def start_redis(workdir: Path, *extra: str, port: int | None = None) -> RedisServer:
     binary = shutil.which("redis-server")
     if binary is None:
         raise CompileqError("redis-server not found (Debian/Ubuntu: apt-get install redis-server)")
     workdir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
+    port = port or free_port()
     argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
     proc = subprocess.Popen(
         [*argv, "--dir", str(workdir), *extra], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT

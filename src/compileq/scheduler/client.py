@@ -81,7 +81,6 @@ class KernelClient:
         self._redis = redis_client(settings.redis_url, settings)
         self._store = RedisStore(self._redis, settings)
         self._router = Router(self._redis, settings)
-        self._secret = settings.secret_bytes()
         self._lock = threading.Lock()
         self._flights: dict[str, _Flight] = {}
         self._down_until = 0.0
@@ -334,16 +333,18 @@ class KernelClient:
         )
         self._build_locally(self._waiting())
 
-    def _resolve(self, flight: _Flight, built: Built) -> None:
+    def _take(self, flight: _Flight) -> bool:
+        """Claim the right to end ``flight``: announcement, poll and local build may race."""
         with self._lock:
             if self._flights.get(flight.key) is not flight:
-                return
+                return False
             del self._flights[flight.key]
-        flight.future.set_result(built)
+        return True
+
+    def _resolve(self, flight: _Flight, built: Built) -> None:
+        if self._take(flight):
+            flight.future.set_result(built)
 
     def _fail(self, flight: _Flight, error: BaseException) -> None:
-        with self._lock:
-            if self._flights.get(flight.key) is not flight:
-                return
-            del self._flights[flight.key]
-        flight.future.set_exception(error)
+        if self._take(flight):
+            flight.future.set_exception(error)

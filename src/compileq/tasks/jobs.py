@@ -7,6 +7,7 @@ key does not check out, since building a kernel means executing its Python sourc
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ class TritonJob:
     source: str
     extra_config: dict[str, Any] = field(default_factory=dict)
 
-    @property
+    @functools.cached_property  # parsed once: the hit path asks several times per kernel
     def target(self) -> Target | None:
         return Target.from_source(self.source)
 

@@ -1,0 +1,140 @@
+"""Faults during a run: each ends with every kernel built, no hang and nothing corrupt."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+
+from compileq import keys, localstack
+from compileq.cache.store import RedisStore
+from compileq.config import Settings
+from compileq.tasks.jobs import TritonJob
+from tests.conftest import (
+    FIXTURES,
+    SECRET,
+    Env,
+    RedisServer,
+    compileq_cmd,
+    manifest_rows,
+    start_worker,
+    stop_worker,
+)
+
+MLP = FIXTURES / "dynamic_mlp.jsonl"
+
+
+def children_map() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry))
+    return children
+
+
+def build_processes(supervisor: int) -> list[int]:
+    """The Celery pool processes: children of the worker process the supervisor started."""
+    children = children_map()
+    return [p for main in children.get(supervisor, []) for p in children.get(main, [])]
+
+
+def wait_for(predicate: object, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def warm_async(env: Env, tmp: Path, manifest: Path = MLP) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        compileq_cmd("warm", str(manifest), "--json"),
+        env=env.vars(
+            TRITON_CACHE_DIR=str(tmp / "client-triton"),
+            TORCHINDUCTOR_CACHE_DIR=str(tmp / "client-inductor"),
+            COMPILEQ_DEADLINE_S="30",
+            COMPILEQ_RETRY_AFTER_S="2",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def all_kernels_sound(url: str, manifest: Path) -> bool:
+    from compileq.fingerprint import local_toolchain
+    from compileq.scheduler.inductor import inductor_extra_config
+
+    settings = Settings(redis_url=url, secret=SECRET)
+    store = RedisStore(redis.Redis.from_url(url), settings)
+    jobs = [
+        TritonJob(r["name"], r["source"], inductor_extra_config()) for r in manifest_rows(manifest)
+    ]
+    wanted = [j.key(local_toolchain(j.target), j.target) for j in jobs if j.target]
+    return all(e is not None and e.payload() for e in store.get_many(wanted))
+
+
+def test_a_worker_killed_mid_build_loses_nothing(
+    redis_server: RedisServer, env: Env, tmp_path: Path
+) -> None:
+    db = redis_server.client(5)
+    db.flushdb()
+    wenv = Env(redis_server.url(5), env.home)
+    worker = start_worker(wenv, tmp_path)
+    try:
+        client = warm_async(wenv, tmp_path)
+        # As soon as a build is leased and queued, SIGKILL every build process of the worker.
+        wait_for(lambda: any(True for _ in db.scan_iter(match=keys.LOCK + "*")), 120, "a lease")
+        pool = build_processes(worker.process.pid)
+        assert pool, "no build processes found"
+        for pid in pool:
+            os.kill(pid, signal.SIGKILL)
+        out, err = client.communicate(timeout=180)
+        assert client.returncode == 0, err[-3000:]
+        report = json.loads(out.strip().splitlines()[-1])
+        assert report["failed"] == 0
+        # reject_on_worker_lost requeued the killed builds: the worker side recovered by
+        # itself, and the client never had to fall back.
+        assert (report["remote"], report["local"]) == (report["kernels"], 0)
+        assert "signal 9 (SIGKILL)" in worker.log.read_text()
+        assert all_kernels_sound(wenv.redis_url, MLP)
+        assert not list(db.scan_iter(match=keys.LOCK + "*"))  # no lease left to block others
+    finally:
+        stop_worker(worker)
+
+
+def test_redis_restarted_mid_run_loses_nothing(env: Env, tmp_path: Path) -> None:
+    server = localstack.start_redis(tmp_path / "redis")
+    renv = Env(server.url(), env.home)
+    worker = start_worker(renv, tmp_path)
+    try:
+        client = warm_async(renv, tmp_path)
+        db = server.client()
+        wait_for(lambda: any(True for _ in db.scan_iter(match=keys.LOCK + "*")), 120, "a lease")
+        server.process.kill()
+        server.process.wait()
+        time.sleep(0.5)
+        server = localstack.start_redis(tmp_path / "redis", port=server.port)
+        out, err = client.communicate(timeout=180)
+        assert client.returncode == 0, err[-3000:]
+        report = json.loads(out.strip().splitlines()[-1])
+        assert report["failed"] == 0 and report["local"] > 0
+        assert "compiling locally" in err
+        # Nothing corrupt: every entry present now verifies, and a rerun completes the cache.
+        rerun = warm_async(renv, tmp_path / "rerun")
+        out, err = rerun.communicate(timeout=180)
+        assert rerun.returncode == 0, err[-3000:]
+        assert json.loads(out.strip().splitlines()[-1])["failed"] == 0
+        assert all_kernels_sound(renv.redis_url, MLP)
+    finally:
+        stop_worker(worker)
+        localstack.stop(server.process)

@@ -1,0 +1,68 @@
+"""Worker planning, GPU selection, heartbeats and the Celery settings for long builds."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from compileq.config import Settings
+from compileq.errors import WorkerError
+from compileq.fingerprint import Target
+from compileq.tasks import liveness
+from compileq.tasks.app import celery_config
+from compileq.workers.gpus import Gpu, select_gpus
+from compileq.workers.supervisor import plan
+from tests.conftest import Env, RedisServer, start_worker, stop_worker
+
+H100 = Target("cuda", "90", 32)
+GPUS = [Gpu(0, "H100", H100), Gpu(1, "H100", H100)]
+
+
+def test_celery_is_configured_for_long_builds_and_json_only() -> None:
+    conf = celery_config(Settings(task_soft_time_limit_s=100, task_time_limit_s=120))
+    assert conf["task_acks_late"] and conf["task_reject_on_worker_lost"]
+    assert conf["worker_prefetch_multiplier"] == 1
+    assert (conf["task_soft_time_limit"], conf["task_time_limit"]) == (100, 120)
+    assert conf["broker_transport_options"]["visibility_timeout"] > conf["task_time_limit"]
+    assert conf["accept_content"] == ["json"] and conf["task_serializer"] == "json"
+
+
+def test_gpus_are_chosen_by_index_or_all() -> None:
+    assert select_gpus("all", GPUS) == GPUS
+    assert select_gpus("1", GPUS) == [GPUS[1]]
+    with pytest.raises(WorkerError, match="no GPU"):
+        select_gpus("3", GPUS)
+    with pytest.raises(WorkerError, match="--cpu-only"):
+        select_gpus("all", [])
+    with pytest.raises(WorkerError, match="indices"):
+        select_gpus("first", GPUS)
+
+
+def test_a_cpu_only_worker_builds_for_each_arch_it_is_given() -> None:
+    (spec,) = plan(None, True, ["sm_90", "sm_80", "sm90"], 3)
+    assert spec.targets == (H100, Target("cuda", "80", 32))
+    assert spec.concurrency == 3 and spec.gpu is None
+    assert spec.env(Settings(secret="s"))["CUDA_VISIBLE_DEVICES"] == ""
+    with pytest.raises(WorkerError, match="exclude"):
+        plan("0", True, ["sm_90"], None)
+
+
+def test_a_stopped_worker_withdraws_its_heartbeat(
+    redis_server: RedisServer, env: Env, tmp_path: Path
+) -> None:
+    client = redis_server.client(4)
+    client.flushdb()
+    worker = start_worker(Env(redis_server.url(4), env.home), tmp_path)
+    (queue_key,) = [k.decode() for k in client.scan_iter(match="compileq:workers:*")]
+    queue = queue_key.removeprefix("compileq:workers:")
+    assert liveness.live_count(client, queue, ttl_s=3) == 1
+    (info,) = liveness.workers_info(client)
+    assert info["cpu_only"] is True and queue in info["queues"]
+    stop_worker(worker)
+    deadline = time.monotonic() + 10
+    while liveness.live_count(client, queue, ttl_s=3):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert liveness.workers_info(client) == []
