@@ -44,6 +44,29 @@ def cmd_warm(args: argparse.Namespace) -> int:
     return 1 if report.failed else 0
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    import os
+    from pathlib import Path
+
+    command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not command:
+        print(
+            "compileq: error: run needs a command, e.g. compileq run -- torchrun train.py",
+            file=sys.stderr,
+        )
+        return 2
+    boot = str(Path(__file__).parent / "_boot")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (boot, env.get("PYTHONPATH")) if p)
+    if args.redis_url:
+        env["COMPILEQ_REDIS_URL"] = args.redis_url
+    try:
+        os.execvpe(command[0], command, env)  # the command's exit code and signals are its own
+    except OSError as e:
+        print(f"compileq: error: cannot run {command[0]!r}: {e}", file=sys.stderr)
+        return 127
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from compileq.demo import run_demo
 
@@ -89,6 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--stock", action="store_true", help="baseline: build in stock Inductor's local pool only"
     )
     p.set_defaults(func=cmd_warm)
+
+    p = sub.add_parser(
+        "run", help="run a command with compileq active in every Python process it starts"
+    )
+    common(p)
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
+    p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("demo", help="show compileq against stock on an embedded example")
     p.add_argument("--manifest", help="kernel manifest (default: an embedded real workload)")

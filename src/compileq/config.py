@@ -41,6 +41,10 @@ class Settings(BaseSettings):
         15.0, gt=0, description="After Redis fails, compile locally this long before trying again."
     )
     enabled: bool = Field(True, description="COMPILEQ_ENABLED=0 makes install() a no-op.")
+    graph_cache: bool = Field(
+        True,
+        description="Serve Inductor's FX-graph, AOTAutograd, autotune and C++ caches from Redis.",
+    )
 
     @field_validator("redis_url", "broker_url")
     @classmethod

@@ -90,6 +90,10 @@ class KernelClient:
 
     # -- public -------------------------------------------------------------------------------
 
+    @property
+    def store(self) -> RedisStore:
+        return self._store
+
     def submit(self, job: TritonJob, extra_env: dict[str, str] | None = None) -> Future[Built]:
         return self.submit_many([(job, extra_env or {})])[0]
 

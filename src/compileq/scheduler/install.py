@@ -55,6 +55,11 @@ def install(settings: Settings | None = None) -> bool:
             return pool
 
         AsyncCompile.process_pool = staticmethod(process_pool)  # type: ignore[method-assign,assignment]
+        if settings.graph_cache:
+            from compileq.scheduler import cpp_cache, graph_cache
+
+            graph_cache.enable(client.store)
+            cpp_cache.enable(client.store)
         AsyncCompile._ready_future = None
         # With one compile thread Inductor never uses a pool; compileq's pool costs no CPU
         # here, so allow the parallel path even on a one-core client.
@@ -74,6 +79,10 @@ def uninstall() -> None:
         from torch._inductor.async_compile import AsyncCompile
 
         AsyncCompile.process_pool = _installed.original  # type: ignore[method-assign]
+        from compileq.scheduler import cpp_cache, graph_cache
+
+        graph_cache.disable()
+        cpp_cache.disable()
         AsyncCompile._ready_future = None
         _installed.pool.shutdown()
         _installed = None

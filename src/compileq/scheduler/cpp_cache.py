@@ -1,0 +1,176 @@
+"""C++ kernels: built shared objects, content-addressed in the store.
+
+Inductor builds each C++ kernel into ``<cache dir>/<xx>/<key>.so`` through
+``codecache._worker_compile_cpp`` (looked up at call time, so it can be wrapped). The file name
+already carries Inductor's own hash of the source, optimized source and compiler flags (vector
+ISA included), computed without paths; compileq adds the compiler's version and torch's
+identity, then stores the ``.so`` bytes. A new machine writes the object where the build would
+have, atomically, and Inductor loads it as if it had built it. Stock's remote FX cache does
+not do this, so a stock "warm" start still runs the C++ compiler for every kernel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import tempfile
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis
+
+from compileq import keys
+from compileq._log import warn_once
+from compileq.cache.counters import Counter
+from compileq.cache.store import RedisStore
+
+_store: RedisStore | None = None
+_original: Callable[[str, Sequence[Any]], None] | None = None
+_original_check_build: Callable[[Any, str], bool] | None = None
+
+
+@functools.cache
+def compiler_identity() -> str:
+    from torch._inductor.cpp_builder import get_cpp_compiler
+
+    cxx = get_cpp_compiler()
+    try:
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        out = f"unknown ({e})"
+    return f"{cxx}: {(out.splitlines() or ['?'])[0]}"
+
+
+def cpp_key(target: str) -> str:
+    from compileq.fingerprint import _torch_identity
+
+    material = {
+        "kind": "cpp",
+        "format": 1,
+        "object": os.path.basename(target),
+        "compiler": compiler_identity(),
+        "machine": platform.machine(),
+        "torch": _torch_identity(),
+    }
+    digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+    return keys.artifact("cpp", digest)
+
+
+def _write_atomically(path: str, data: bytes) -> None:
+    # A reader (Inductor loading the library) must never see a half-written object.
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".compileq-", suffix=".so")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _compile_cpp(lock_path: str, cpp_builders: Sequence[Any]) -> None:
+    assert _original is not None
+    store, target = _store, str(cpp_builders[-1].get_target_file_path())
+    if store is None or os.path.exists(target):
+        _original(lock_path, cpp_builders)
+        return
+    key = cpp_key(target)
+    try:
+        entry = store.get_many([key])[0]
+        if entry is not None:
+            _write_atomically(target, entry.payload())
+            store.count({Counter.CPP_HITS: 1})
+            return
+        store.count({Counter.CPP_MISSES: 1})
+    except redis.RedisError as e:
+        warn_once("cpp-cache", "compileq: C++ kernel cache unavailable (%s); building locally", e)
+        _original(lock_path, cpp_builders)
+        return
+    _original(lock_path, cpp_builders)  # Inductor's build, under Inductor's own file lock
+    try:
+        with open(target, "rb") as f:
+            if store.put(key, f.read()):
+                store.count({Counter.CPP_LOCAL_COMPILES: 1})
+    except (OSError, redis.RedisError) as e:
+        warn_once("cpp-cache-put", "compileq: C++ kernel not cached: %s", e)
+
+
+def _isa_probe_object(isa: Any, code: str) -> str:
+    """Where Inductor's ``VecISA.check_build`` puts its compiled probe (same calls, same path)."""
+    from torch._inductor import cpu_vec_isa
+    from torch._inductor.codecache import write
+    from torch._inductor.cpp_builder import CppBuilder, CppTorchOptions
+
+    extra = cpu_vec_isa._get_isa_dry_compile_fingerprint(isa.build_arch_flags())
+    key, input_path = write(code, "cpp", extra=extra)
+    options = CppTorchOptions(vec_isa=isa, warning_all=False)
+    builder = CppBuilder(key, [input_path], options, os.path.dirname(input_path))
+    return str(builder.get_target_file_path())
+
+
+def _check_build(isa: Any, code: str) -> bool:
+    """Inductor's vector-ISA check with its compile served from the store.
+
+    Only the compile of the probe is shared; loading it, which is the actual test of this
+    CPU, still happens here. On a new machine this saves a C++ build of a few seconds.
+    """
+    assert _original_check_build is not None
+    store = _store
+    target = key = None
+    if store is not None:
+        try:
+            target = _isa_probe_object(isa, code)
+            if not os.path.exists(target):
+                key = cpp_key(target)
+                entry = store.get_many([key])[0]
+                if entry is not None:
+                    _write_atomically(target, entry.payload())
+                    store.count({Counter.CPP_HITS: 1})
+                    key = None
+                else:
+                    store.count({Counter.CPP_MISSES: 1})
+        except Exception as e:  # another torch's internals, or Redis: Inductor does it alone
+            warn_once("isa-cache", "compileq: ISA probe not cached: %s", e)
+            target = key = None
+    ok = bool(_original_check_build(isa, code))
+    if ok and store is not None and key is not None and target is not None:
+        try:
+            with open(target, "rb") as f:
+                if store.put(key, f.read()):
+                    store.count({Counter.CPP_LOCAL_COMPILES: 1})
+        except (OSError, redis.RedisError) as e:
+            warn_once("isa-cache-put", "compileq: ISA probe not cached: %s", e)
+    return ok
+
+
+def enable(store: RedisStore) -> None:
+    from torch._inductor import codecache
+    from torch._inductor.cpu_vec_isa import VecISA
+
+    global _store, _original, _original_check_build
+    if _original is None:
+        _original = codecache._worker_compile_cpp
+        codecache._worker_compile_cpp = _compile_cpp
+    if _original_check_build is None:
+        _original_check_build = VecISA.check_build
+        VecISA.check_build = _check_build
+    _store = store
+
+
+def disable() -> None:
+    from torch._inductor import codecache
+    from torch._inductor.cpu_vec_isa import VecISA
+
+    global _store, _original, _original_check_build
+    if _original is not None:
+        codecache._worker_compile_cpp = _original
+    if _original_check_build is not None:
+        VecISA.check_build = _original_check_build
+    _store = _original = _original_check_build = None

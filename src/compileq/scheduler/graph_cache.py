@@ -1,0 +1,132 @@
+"""Inductor's FX-graph, AOTAutograd and autotune remote caches, backed by compileq's store.
+
+Inductor lets a ``RemoteCache`` subclass name a backend factory (``backend_override_cls``);
+compileq sets it on the Redis-flavoured caches, so their entries are signed, compressed,
+namespaced (``compileq:a:<kind>:<sha256>``) and counted like kernels, with no
+``TORCHINDUCTOR_*`` variable for the user to set. The rejected alternative, stock's
+``RedisRemoteCacheBackend``, stores unsigned pickles that any Redis writer could replace.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, ClassVar
+
+import redis
+from torch._inductor.remote_cache import RemoteCacheBackend
+
+from compileq import keys
+from compileq._log import warn_once
+from compileq.cache.counters import Counter
+from compileq.cache.store import RedisStore
+from compileq.errors import CompileqError
+
+_store: RedisStore | None = None
+
+
+class _StoreBackend(RemoteCacheBackend[bytes]):  # type: ignore[misc]
+    """``RemoteCacheBackend[bytes]`` over the installed store; Redis trouble reads as a miss."""
+
+    kind: ClassVar[str]
+    on_hit: ClassVar[Counter | None] = None
+    on_miss: ClassVar[Counter | None] = None
+    on_put: ClassVar[Counter | None] = None
+
+    def _key(self, key: str) -> str:
+        return keys.artifact(self.kind, hashlib.sha256(key.encode()).hexdigest())
+
+    def _get(self, key: str) -> bytes | None:
+        if _store is None:
+            return None
+        try:
+            entry = _store.get_many([self._key(key)])[0]
+            counter = self.on_hit if entry is not None else self.on_miss
+            if counter is not None:
+                _store.count({counter: 1})
+        except redis.RedisError as e:
+            warn_once("graph-cache", "compileq: graph cache unavailable (%s); compiling locally", e)
+            return None
+        return None if entry is None else entry.payload()
+
+    def _put(self, key: str, data: bytes) -> None:
+        if _store is None:
+            return
+        try:
+            if _store.put(self._key(key), data) and self.on_put is not None:
+                _store.count({self.on_put: 1})
+        except redis.RedisError as e:
+            warn_once("graph-cache", "compileq: graph cache unavailable (%s); compiling locally", e)
+        except CompileqError as e:  # EntryTooLarge: this graph stays in the local cache only
+            warn_once("graph-cache-put", "compileq: graph not cached: %s", e)
+
+
+class FxGraphBackend(_StoreBackend):
+    kind = "fx"
+    on_hit, on_miss = Counter.FX_HITS, Counter.FX_MISSES
+    # Inductor puts right after it generated the graph's code in this process.
+    on_put = Counter.FX_LOCAL_COMPILES
+
+
+class AOTAutogradBackend(_StoreBackend):
+    kind = "aot"
+    on_hit, on_miss = Counter.AOT_HITS, Counter.AOT_MISSES
+
+
+class AutotuneBackend(_StoreBackend):
+    kind = "autotune"
+
+
+_OVERRIDES = {
+    "RemoteFxGraphCache": FxGraphBackend,
+    "RemoteAOTAutogradCache": AOTAutogradBackend,
+    "RemoteAutotuneCache": AutotuneBackend,
+    "RemoteBundledAutotuneCache": AutotuneBackend,
+}
+_CONFIG = (
+    ("torch._inductor.config", "fx_graph_remote_cache"),
+    ("torch._inductor.config", "autotune_remote_cache"),
+    ("torch._inductor.config", "bundled_autotune_remote_cache"),
+    ("torch._functorch.config", "enable_remote_autograd_cache"),
+)
+_saved: dict[tuple[str, str], Any] = {}
+
+
+def enable(store: RedisStore) -> None:
+    import importlib
+
+    from torch._inductor import remote_cache
+
+    global _store
+    _store = store
+    for name, backend in _OVERRIDES.items():
+        cls = getattr(remote_cache, name, None)
+        if cls is not None:
+            _saved[("override", name)] = cls.backend_override_cls
+            cls.backend_override_cls = backend
+    import torch
+
+    # The autotune caches serve Triton autotuning only; on a machine without a GPU Inductor
+    # asserts a GPU backend hash as soon as they are on, so they stay as configured there.
+    gpu = torch.cuda.is_available()
+    for module_name, attr in _CONFIG:
+        if "autotune" in attr and not gpu:
+            continue
+        module = importlib.import_module(module_name)
+        if hasattr(module, attr):
+            _saved[(module_name, attr)] = getattr(module, attr)
+            setattr(module, attr, True)
+
+
+def disable() -> None:
+    import importlib
+
+    from torch._inductor import remote_cache
+
+    global _store
+    for (scope, name), value in _saved.items():
+        if scope == "override":
+            getattr(remote_cache, name).backend_override_cls = value
+        else:
+            setattr(importlib.import_module(scope), name, value)
+    _saved.clear()
+    _store = None

@@ -1,0 +1,58 @@
+"""A model the tests have not special-cased: compiled, trained one step, compared with eager.
+
+Prints one JSON line: whether outputs and gradients match eager, and the first call's time.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(8, 16, 3, padding=1)
+        self.norm = nn.LayerNorm(16)
+        self.mlp = nn.Sequential(nn.Linear(16, 64), nn.SiLU(), nn.Linear(64, 16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv(x).transpose(1, 2)
+        h = self.norm(h)
+        return (h + self.mlp(h)).tanh().mean(dim=1)
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(4, 8, 32)
+    eager_out = model(x)
+    eager_out.square().sum().backward()
+    eager_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    compiled = torch.compile(model)
+    started = time.perf_counter()
+    out = compiled(x)
+    out.square().sum().backward()
+    first_call_s = time.perf_counter() - started
+    same = torch.allclose(out, eager_out, atol=1e-5) and all(
+        torch.allclose(p.grad, g, atol=1e-5)
+        for p, g in zip(model.parameters(), eager_grads, strict=True)
+    )
+    import compileq.scheduler as sched
+
+    print(
+        json.dumps(
+            {
+                "matches_eager": same,
+                "first_call_s": first_call_s,
+                "compileq": sched.installed_pool() is not None,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""Graph and C++ caches in Redis, and `compileq run` (real torch.compile on CPU)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import redis
+
+import compileq
+from compileq.config import Settings
+from tests.conftest import Env, compileq_cmd, stats
+
+SCRIPT = Path(__file__).parent / "clients" / "train_cpu.py"
+
+
+def run_training(env: Env, tmp: Path, name: str) -> dict[str, object]:
+    proc = subprocess.run(
+        compileq_cmd("run", "--", sys.executable, str(SCRIPT)),
+        env=env.vars(
+            TORCHINDUCTOR_CACHE_DIR=str(tmp / name / "inductor"),
+            TRITON_CACHE_DIR=str(tmp / name / "triton"),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_a_new_machine_gets_fx_graphs_and_cpp_kernels_from_redis(
+    env: Env, clean_cache: redis.Redis, tmp_path: Path
+) -> None:
+    first = run_training(env, tmp_path, "first")
+    assert first == {**first, "matches_eager": True, "compileq": True}
+    cold = stats(env, tmp_path)
+    assert cold["fx_local_compiles"] > 0 and cold["cpp_local_compiles"] > 0
+    assert cold["fx_hits"] == cold["cpp_hits"] == 0
+
+    second = run_training(env, tmp_path, "second")  # empty TORCHINDUCTOR_CACHE_DIR
+    assert second == {**second, "matches_eager": True, "compileq": True}
+    warm = stats(env, tmp_path)
+    assert warm["fx_hits"] > 0 and warm["aot_hits"] > 0 and warm["cpp_hits"] > 0
+    # Neither codegen nor the C++ compiler ran on the new machine.
+    assert warm["fx_local_compiles"] == cold["fx_local_compiles"]
+    assert warm["cpp_local_compiles"] == cold["cpp_local_compiles"]
+    assert warm["cpp_misses"] == cold["cpp_misses"] and warm["fx_misses"] == cold["fx_misses"]
+
+
+def test_compileq_run_passes_arguments_and_the_exit_code_through(env: Env) -> None:
+    code = "import sys; print(sys.argv[1:]); sys.exit(7)"
+    proc = subprocess.run(
+        compileq_cmd("run", "--", sys.executable, "-c", code, "a", "--", "b"),
+        env=env.vars(),
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 7
+    assert proc.stdout.strip() == "['a', '--', 'b']"
+    missing = subprocess.run(compileq_cmd("run"), env=env.vars(), capture_output=True, text=True)
+    assert missing.returncode == 2 and "needs a command" in missing.stderr
+
+
+def test_install_routes_inductors_remote_caches_to_the_store_and_uninstall_restores(
+    settings: Settings,
+) -> None:
+    from torch._inductor import codecache
+    from torch._inductor import config as inductor_config
+    from torch._inductor.remote_cache import RemoteFxGraphCache
+
+    before = (
+        RemoteFxGraphCache.backend_override_cls,
+        codecache._worker_compile_cpp,
+        inductor_config.fx_graph_remote_cache,
+    )
+    assert compileq.install(settings)
+    try:
+        assert RemoteFxGraphCache.backend_override_cls.__name__ == "FxGraphBackend"
+        assert inductor_config.fx_graph_remote_cache is True
+        assert codecache._worker_compile_cpp.__module__ == "compileq.scheduler.cpp_cache"
+    finally:
+        compileq.uninstall()
+    after = (
+        RemoteFxGraphCache.backend_override_cls,
+        codecache._worker_compile_cpp,
+        inductor_config.fx_graph_remote_cache,
+    )
+    assert after == before
