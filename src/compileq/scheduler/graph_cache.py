@@ -82,10 +82,12 @@ _OVERRIDES = {
     "RemoteAutotuneCache": AutotuneBackend,
     "RemoteBundledAutotuneCache": AutotuneBackend,
 }
+# Switched on by install(). bundled_autotune_remote_cache stays as configured: with it on, torch
+# 2.11 asserts in AutotuneCacheBundler.begin_compile on every FX-graph cache hit (seen on the
+# GPU device); its backend is still compileq's if a user turns it on.
 _CONFIG = (
     ("torch._inductor.config", "fx_graph_remote_cache"),
     ("torch._inductor.config", "autotune_remote_cache"),
-    ("torch._inductor.config", "bundled_autotune_remote_cache"),
     ("torch._functorch.config", "enable_remote_autograd_cache"),
 )
 _saved: dict[tuple[str, str], Any] = {}
