@@ -89,3 +89,27 @@ def test_install_routes_inductors_remote_caches_to_the_store_and_uninstall_resto
         inductor_config.fx_graph_remote_cache,
     )
     assert after == before
+
+
+def test_four_processes_compiling_the_same_model_at_once_run_one_codegen_per_graph(
+    env: Env, clean_cache: redis.Redis, tmp_path: Path
+) -> None:
+    procs = [
+        subprocess.Popen(
+            compileq_cmd("run", "--", sys.executable, str(SCRIPT)),
+            env=env.vars(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / f"p{i}" / "inductor")),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(4)
+    ]
+    for proc in procs:
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-4000:]
+        assert json.loads(out.strip().splitlines()[-1])["matches_eager"] is True
+    counters = stats(env, tmp_path)
+    # Forward and backward: two graphs, each generated once; the other three processes hit.
+    assert counters["fx_local_compiles"] == 2
+    assert counters["fx_hits"] == 6
+    assert counters["fallbacks"] == 0

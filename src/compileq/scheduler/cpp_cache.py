@@ -95,9 +95,9 @@ def _compile_cpp(lock_path: str, cpp_builders: Sequence[Any]) -> None:
         return
     _original(lock_path, cpp_builders)  # Inductor's build, under Inductor's own file lock
     try:
+        store.count({Counter.CPP_LOCAL_COMPILES: 1})
         with open(target, "rb") as f:
-            if store.put(key, f.read()):
-                store.count({Counter.CPP_LOCAL_COMPILES: 1})
+            store.put(key, f.read())
     except (OSError, redis.RedisError) as e:
         warn_once("cpp-cache-put", "compileq: C++ kernel not cached: %s", e)
 
@@ -142,9 +142,9 @@ def _check_build(isa: Any, code: str) -> bool:
     ok = bool(_original_check_build(isa, code))
     if ok and store is not None and key is not None and target is not None:
         try:
+            store.count({Counter.CPP_LOCAL_COMPILES: 1})
             with open(target, "rb") as f:
-                if store.put(key, f.read()):
-                    store.count({Counter.CPP_LOCAL_COMPILES: 1})
+                store.put(key, f.read())
         except (OSError, redis.RedisError) as e:
             warn_once("isa-cache-put", "compileq: ISA probe not cached: %s", e)
     return ok

@@ -10,6 +10,7 @@ namespaced (``compileq:a:<kind>:<sha256>``) and counted like kernels, with no
 from __future__ import annotations
 
 import hashlib
+import time
 from typing import Any, ClassVar
 
 import redis
@@ -18,10 +19,13 @@ from torch._inductor.remote_cache import RemoteCacheBackend
 from compileq import keys
 from compileq._log import warn_once
 from compileq.cache.counters import Counter
-from compileq.cache.store import RedisStore
+from compileq.cache.store import Entry, RedisStore
 from compileq.errors import CompileqError
+from compileq.scheduler.leases import Leases
 
 _store: RedisStore | None = None
+_leases: Leases | None = None
+_deadline_s = 60.0
 
 
 class _StoreBackend(RemoteCacheBackend[bytes]):  # type: ignore[misc]
@@ -31,6 +35,8 @@ class _StoreBackend(RemoteCacheBackend[bytes]):  # type: ignore[misc]
     on_hit: ClassVar[Counter | None] = None
     on_miss: ClassVar[Counter | None] = None
     on_put: ClassVar[Counter | None] = None
+    #: One compile per key cluster-wide: a second process that misses waits for the first.
+    single_flight: ClassVar[bool] = False
 
     def _key(self, key: str) -> str:
         return keys.artifact(self.kind, hashlib.sha256(key.encode()).hexdigest())
@@ -38,8 +44,11 @@ class _StoreBackend(RemoteCacheBackend[bytes]):  # type: ignore[misc]
     def _get(self, key: str) -> bytes | None:
         if _store is None:
             return None
+        name = self._key(key)
         try:
-            entry = _store.get_many([self._key(key)])[0]
+            entry = _store.get_many([name])[0]
+            if entry is None and self.single_flight and _leases is not None:
+                entry = self._wait_for_other_compile(name)
             counter = self.on_hit if entry is not None else self.on_miss
             if counter is not None:
                 _store.count({counter: 1})
@@ -48,12 +57,39 @@ class _StoreBackend(RemoteCacheBackend[bytes]):  # type: ignore[misc]
             return None
         return None if entry is None else entry.payload()
 
+    def _wait_for_other_compile(self, name: str) -> Entry | None:
+        """None once this process holds the key's lease (it compiles); else the other's entry."""
+        assert _store is not None and _leases is not None
+        deadline = time.monotonic() + _deadline_s
+        delay = 0.05
+        while not _leases.acquire(name):
+            if time.monotonic() >= deadline:
+                warn_once(
+                    "graph-deadline",
+                    "compileq: waited %.0fs for a graph another process compiles; compiling locally",
+                    _deadline_s,
+                )
+                _store.count({Counter.FALLBACKS: 1})
+                return None
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+            entry = _store.get_many([name])[0]
+            if entry is not None:
+                return entry
+        return None
+
     def _put(self, key: str, data: bytes) -> None:
         if _store is None:
             return
+        name = self._key(key)
         try:
-            if _store.put(self._key(key), data) and self.on_put is not None:
+            # Counted whether or not this put wins the first-writer race: each put follows
+            # work done here, and a counter of winners alone would hide duplicate compiles.
+            if self.on_put is not None:
                 _store.count({self.on_put: 1})
+            _store.put(name, data)
+            if _leases is not None:
+                _leases.release(name)
         except redis.RedisError as e:
             warn_once("graph-cache", "compileq: graph cache unavailable (%s); compiling locally", e)
         except CompileqError as e:  # EntryTooLarge: this graph stays in the local cache only
@@ -62,6 +98,7 @@ class _StoreBackend(RemoteCacheBackend[bytes]):  # type: ignore[misc]
 
 class FxGraphBackend(_StoreBackend):
     kind = "fx"
+    single_flight = True
     on_hit, on_miss = Counter.FX_HITS, Counter.FX_MISSES
     # Inductor puts right after it generated the graph's code in this process.
     on_put = Counter.FX_LOCAL_COMPILES
@@ -93,13 +130,14 @@ _CONFIG = (
 _saved: dict[tuple[str, str], Any] = {}
 
 
-def enable(store: RedisStore) -> None:
+def enable(store: RedisStore, deadline_s: float) -> None:
     import importlib
 
     from torch._inductor import remote_cache
 
-    global _store
-    _store = store
+    global _store, _leases, _deadline_s
+    _store, _deadline_s = store, deadline_s
+    _leases = Leases(store.client, max_hold_s=deadline_s)
     for name, backend in _OVERRIDES.items():
         cls = getattr(remote_cache, name, None)
         if cls is not None:
@@ -124,11 +162,11 @@ def disable() -> None:
 
     from torch._inductor import remote_cache
 
-    global _store
+    global _store, _leases
     for (scope, name), value in _saved.items():
         if scope == "override":
             getattr(remote_cache, name).backend_override_cls = value
         else:
             setattr(importlib.import_module(scope), name, value)
     _saved.clear()
-    _store = None
+    _store = _leases = None

@@ -58,7 +58,7 @@ def install(settings: Settings | None = None) -> bool:
         if settings.graph_cache:
             from compileq.scheduler import cpp_cache, graph_cache
 
-            graph_cache.enable(client.store)
+            graph_cache.enable(client.store, settings.deadline_s)
             cpp_cache.enable(client.store)
         AsyncCompile._ready_future = None
         # With one compile thread Inductor never uses a pool; compileq's pool costs no CPU
