@@ -28,6 +28,7 @@ from compileq import keys
 from compileq._log import warn_once
 from compileq.cache.counters import Counter
 from compileq.cache.store import RedisStore
+from compileq.errors import CompileqError
 
 _store: RedisStore | None = None
 _original: Callable[[str, Sequence[Any]], None] | None = None
@@ -94,12 +95,17 @@ def _compile_cpp(lock_path: str, cpp_builders: Sequence[Any]) -> None:
         _original(lock_path, cpp_builders)
         return
     _original(lock_path, cpp_builders)  # Inductor's build, under Inductor's own file lock
+    _store_built(store, key, target)
+
+
+def _store_built(store: RedisStore, key: str, path: str) -> None:
+    """Count a build done here and share its object; failing to share only costs others."""
     try:
         store.count({Counter.CPP_LOCAL_COMPILES: 1})
-        with open(target, "rb") as f:
+        with open(path, "rb") as f:
             store.put(key, f.read())
-    except (OSError, redis.RedisError) as e:
-        warn_once("cpp-cache-put", "compileq: C++ kernel not cached: %s", e)
+    except (OSError, redis.RedisError, CompileqError) as e:
+        warn_once("cpp-cache-put", "compileq: C++ object not cached: %s", e)
 
 
 def _isa_probe_object(isa: Any, code: str) -> str:
@@ -141,12 +147,7 @@ def _check_build(isa: Any, code: str) -> bool:
             target = key = None
     ok = bool(_original_check_build(isa, code))
     if ok and store is not None and key is not None and target is not None:
-        try:
-            store.count({Counter.CPP_LOCAL_COMPILES: 1})
-            with open(target, "rb") as f:
-                store.put(key, f.read())
-        except (OSError, redis.RedisError) as e:
-            warn_once("isa-cache-put", "compileq: ISA probe not cached: %s", e)
+        _store_built(store, key, target)
     return ok
 
 
