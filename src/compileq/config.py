@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -54,6 +55,11 @@ class Settings(BaseSettings):
         return value
 
     @property
+    def redis_display(self) -> str:
+        """``redis_url`` fit for logs: the password and query (TLS file paths) left out."""
+        return redact(self.redis_url)
+
+    @property
     def broker(self) -> str:
         return self.broker_url or self.redis_url
 
@@ -71,6 +77,21 @@ class Settings(BaseSettings):
                 "rand -hex 32))"
             )
         return self.secret.get_secret_value().encode()
+
+
+def redact(url: str) -> str:
+    """A Redis URL without its password or query string, for logs and messages."""
+    parts = urlsplit(url)
+    netloc = parts.hostname or ""
+    if parts.port:
+        netloc = f"{netloc}:{parts.port}"
+    if parts.username:
+        netloc = (
+            f"{parts.username}:***@{netloc}" if parts.password else f"{parts.username}@{netloc}"
+        )
+    elif parts.password:
+        netloc = f":***@{netloc}"
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 @functools.cache

@@ -53,7 +53,7 @@ def run_demo(manifest: Path | None, as_json: bool) -> int:
         if os.environ.get("COMPILEQ_REDIS_URL"):
             settings = get_settings()
             settings.secret_bytes()
-            where = f"the cluster at {settings.redis_url}"
+            where = f"the cluster at {settings.redis_display}"
         else:
             _say("starting a private redis-server and a local worker...")
             server = stack.enter_context(private_redis())

@@ -332,7 +332,7 @@ class KernelClient:
         warn_once(
             "redis-down",
             "compileq: Redis at %s failed (%s); compiling locally",
-            self._settings.redis_url,
+            self._settings.redis_display,
             error,
         )
         self._build_locally(self._waiting())

@@ -66,7 +66,7 @@ def install(settings: Settings | None = None) -> bool:
         if get_compile_threads() <= 1:
             config.compile_threads = 2
         _installed = _Installed(original, pool)
-    log.info("compileq: installed (redis %s)", settings.redis_url)
+    log.info("compileq: installed (redis %s)", settings.redis_display)
     return True
 
 
