@@ -19,7 +19,7 @@ from compileq import keys
 from compileq.cache.store import RedisStore
 from compileq.config import Settings
 from compileq.localstack import free_port
-from compileq.tasks.app import COMPILE_TRITON, app
+from compileq.tasks.app import COMPILE_TRITON, client_app
 from tests.conftest import (
     FIXTURES,
     SECRET,
@@ -187,9 +187,9 @@ def test_a_malformed_task_message_is_rejected_and_the_worker_keeps_serving(
     env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path, settings: Settings
 ) -> None:
     queue = next(clean_cache.scan_iter(match=keys.WORKERS + "*")).decode()[len(keys.WORKERS) :]
-    app.conf.update(broker_url=settings.broker)
+    sender = client_app(settings)
     for bad in (123, "not-a-key", keys.artifact("triton", "0" * 64)):
-        app.send_task(COMPILE_TRITON, args=[bad], queue=queue)
+        sender.send_task(COMPILE_TRITON, args=[bad], queue=queue)
     deadline = time.monotonic() + 60
     while int(clean_cache.hget(keys.STATS, "rejected_tasks") or 0) < 3:
         assert time.monotonic() < deadline, worker.log.read_text()[-3000:]

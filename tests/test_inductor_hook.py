@@ -123,3 +123,28 @@ def test_the_inductor_path_falls_back_to_a_local_build_when_redis_is_down(
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["kernels"] == len(manifest_rows(manifest)) and got["cubins"] >= got["kernels"]
     assert proc.stderr.count("compiling locally") == 1
+
+
+def test_a_forked_child_gets_its_own_listener_and_never_hangs(
+    installed: CompileqPool, worker: object, clean_cache: object
+) -> None:
+    import os
+
+    rows = manifest_rows(FIXTURES / "gpt_head.jsonl")
+    config = inductor_extra_config()
+
+    def submit(row: dict[str, str]) -> object:
+        load = functools.partial(_load_triton_kernel_from_source, row["name"], row["source"])
+        return installed.submit(_worker_compile_triton, load, {}, config).result(timeout=120)
+
+    submit(rows[0])  # the parent's listener is running now
+    pid = os.fork()
+    if pid == 0:  # child: a remote build must still resolve (or fall back), within the deadline
+        code = 1
+        try:
+            kernel, _ = submit(rows[1])  # type: ignore[misc]
+            code = 0 if kernel.compile_results else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -31,7 +31,7 @@ from compileq.errors import CompileqError, EntryTooLarge
 from compileq.scheduler.local import LocalBuilder
 from compileq.scheduler.routing import Router
 from compileq.tasks import events
-from compileq.tasks.app import COMPILE_TRITON, app
+from compileq.tasks.app import COMPILE_TRITON, client_app
 from compileq.tasks.jobs import TritonJob
 
 #: Safety net under pub/sub, which is at-most-once: pending keys are re-read this often.
@@ -81,12 +81,14 @@ class KernelClient:
         self._redis = redis_client(settings.redis_url, settings)
         self._store = RedisStore(self._redis, settings)
         self._router = Router(self._redis, settings)
+        self._app = client_app(settings)
         self._lock = threading.Lock()
         self._flights: dict[str, _Flight] = {}
         self._down_until = 0.0
         self._closed = threading.Event()
         self._subscribed = threading.Event()
         self._listener: threading.Thread | None = None
+        self._pid = os.getpid()
 
     # -- public -------------------------------------------------------------------------------
 
@@ -189,7 +191,7 @@ class KernelClient:
         sent = []
         try:
             for f in flights:
-                app.send_task(COMPILE_TRITON, args=[f.key], queue=f.queue, task_id=f.key)
+                self._app.send_task(COMPILE_TRITON, args=[f.key], queue=f.queue, task_id=f.key)
                 sent.append(f)
         except Exception as e:  # kombu raises its own OperationalError family
             unsent = flights[len(sent) :]
@@ -242,6 +244,15 @@ class KernelClient:
     # -- waiting ------------------------------------------------------------------------------
 
     def _ensure_listener(self) -> None:
+        if self._pid != os.getpid():
+            # A fork copied this client but not its listener thread, which is what polls and
+            # enforces deadlines: without one a child's flights could wait forever. Start
+            # afresh; the parent's flights are the parent's business.
+            self._pid = os.getpid()
+            with self._lock:
+                self._flights = {f.key: f for f in self._flights.values() if not f.future.done()}
+            self._listener = None
+            self._subscribed = threading.Event()
         if self._listener is None:
             self._listener = threading.Thread(
                 target=self._listen, name="compileq-listener", daemon=True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -22,8 +23,16 @@ class LocalBuilder:
         """``cross_compile=None`` decides at the first build: cross-compile iff no GPU here."""
         self._stock_pool = stock_pool
         self._cross_compile = cross_compile
+        self._pid = os.getpid()
 
     def submit(self, job: TritonJob, extra_env: dict[str, str]) -> Future[bytes]:
+        if self._pid != os.getpid():
+            # A forked child must not use its parent's pool (its pipes belong to the parent).
+            # Inductor's own after-fork hook clears only the patched process_pool, not this.
+            self._pid = os.getpid()
+            clear = getattr(self._stock_pool, "cache_clear", None)
+            if clear is not None:
+                clear()
         if self._cross_compile is None:
             import torch
 

@@ -48,6 +48,15 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     }
 
 
+#: The workers' app (tasks register on it), configured from the environment the supervisor
+#: sets. Read lazily: importing this module must not freeze settings before flags are parsed.
 app = Celery("compileq", set_as_current=False)
-# Read lazily: importing this module must not freeze settings before the CLI has parsed flags.
 app.add_defaults(lambda: celery_config(get_settings()))
+
+
+def client_app(settings: Settings) -> Celery:
+    """An app that only sends, bound to ``settings`` (not the environment): a client given
+    explicit settings must enqueue on the broker those settings name."""
+    sender = Celery("compileq-client", set_as_current=False)
+    sender.conf.update(celery_config(settings))
+    return sender
