@@ -61,7 +61,7 @@ class _State(enum.Enum):
     LOCAL = "local"  # building in the local pool
 
 
-@dataclass
+@dataclass(eq=False)  # a flight is an identity: equal fields never make two flights one
 class _Flight:
     key: str
     job: TritonJob
@@ -141,8 +141,10 @@ class KernelClient:
                 else:
                     self._resolve(flight, Built(flight.key, entry, Outcome.HIT))
             owners = self._take_leases(misses)
-            remote = [f for f in owners if self._router.has_worker(f.queue)]
-            unserved = [f for f in owners if f not in remote]
+            remote: list[_Flight] = []
+            unserved: list[_Flight] = []
+            for f in owners:
+                (remote if self._router.has_worker(f.queue) else unserved).append(f)
             for queue, flight in {f.queue: f for f in unserved}.items():
                 if flight.job.target is not None:
                     warn_once(
