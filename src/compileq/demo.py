@@ -61,9 +61,7 @@ def run_demo(manifest: Path | None, as_json: bool) -> int:
             if _has_gpu():
                 args = ["--gpus", "0"]
             else:
-                archs = sorted(
-                    {f"{t.backend}-{t.arch}-w{t.warp_size}" for j in jobs if (t := j.target)}
-                )
+                archs = sorted({str(t) for j in jobs if (t := j.target)})
                 args = ["--cpu-only", "--arch", ",".join(archs)]
             worker = start_worker(settings, args, log=workdir / "worker.log")
             stack.callback(stop, worker)

@@ -163,7 +163,8 @@ def _memoised(name: str, signature: str, compute: Callable[[], str]) -> str:
 
 
 @functools.cache
-def _torch_identity() -> tuple[str, str]:
+def torch_identity() -> tuple[str, str]:
+    """``(torch version without local label, torch_key)``, memoised on disk."""
     import torch
 
     def compute() -> str:
@@ -221,7 +222,7 @@ def _tool_version(path: str) -> str:
 
 def local_toolchain(target: Target) -> Toolchain:
     """This process's toolchain for ``target`` (the expensive parts are computed once)."""
-    torch_version, tkey = _torch_identity()
+    torch_version, tkey = torch_identity()
     triton_version, trkey = _triton_identity()
     return Toolchain(
         torch_version=torch_version,

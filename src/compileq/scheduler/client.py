@@ -166,7 +166,12 @@ class KernelClient:
             self._redis_failed(e)
 
     def _take_leases(self, flights: list[_Flight]) -> list[_Flight]:
-        """Take each key's lease; return the flights this client now owns (the rest wait)."""
+        """Take each key's lease; return the flights this client now owns (the rest wait).
+
+        Unlike ``leases.Leases`` (FX graphs, built in this process and refreshed while it
+        lives), a kernel lease is handed on: the worker that builds deletes it. So it is a
+        plain fixed lease of one deadline, after which waiters build locally anyway.
+        """
         if not flights:
             return []
         lease_ms = int(self._settings.deadline_s * 1000)

@@ -48,7 +48,7 @@ def compiler_identity() -> str:
 
 
 def cpp_key(target: str) -> str:
-    from compileq.fingerprint import _torch_identity
+    from compileq.fingerprint import torch_identity
 
     material = {
         "kind": "cpp",
@@ -56,7 +56,7 @@ def cpp_key(target: str) -> str:
         "object": os.path.basename(target),
         "compiler": compiler_identity(),
         "machine": platform.machine(),
-        "torch": _torch_identity(),
+        "torch": torch_identity(),
     }
     digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
     return keys.artifact("cpp", digest)
