@@ -41,6 +41,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--manifest", default=str(ROOT / "tests/fixtures/dynamic_mlp.jsonl"))
     parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
     args = parser.parse_args()
     os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="bench-triton-"))
     gpu = torch.cuda.is_available()
@@ -172,6 +173,17 @@ def main() -> None:
     print(table)
     if out := os.environ.get("OUT"):
         Path(out, "hit_path.md").write_text(table)
+    if args.json:
+        figures = {
+            "device": device,
+            "kernels": len(jobs),
+            "cold_build_ms_p50": statistics.median(cold) * ms,
+            "stock_hit_ms": [pct(stock, 0.5) * ms, pct(stock, 0.99) * ms],
+            "stock_hit_kind": "stock pool" if gpu else "in-process",
+            "compileq_hit_ms": [pct(ours, 0.5) * ms, pct(ours, 0.99) * ms],
+            "lookup_1000_ms": [pct(batch, 0.5) * ms, pct(batch, 0.99) * ms],
+        }
+        print(json.dumps(figures))
 
 
 if __name__ == "__main__":
