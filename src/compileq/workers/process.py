@@ -55,12 +55,18 @@ def main(argv: list[str] | None = None) -> int:
     # a GPU worker also generates graphs for its GPU. A --cpu-only worker's --arch targets
     # are for cross-compiling kernels only: generating a GPU graph needs the GPU.
     gpus: list[Target | None] = [None] if args.cpu_only else [None, *targets]
+    client = redis_client(settings.redis_url, settings)
+    store = RedisStore(client, settings)
+    if settings.graph_cache:
+        from compileq.cache.counters import Counter
+        from compileq.scheduler import cpp_cache
+
+        # Finding this CPU's vector ISAs compiles a probe per ISA; shared through the store,
+        # a client asking the same question of the same CPU loads them instead of building.
+        cpp_cache.enable(store, Counter.CPP_REMOTE_COMPILES)
     fx_toolchains = {fx_target(g): local_fx_toolchain(g) for g in gpus}
     queues += [fx_queue(tc, target) for target, tc in fx_toolchains.items()]
-    client = redis_client(settings.redis_url, settings)
-    execute.configure(
-        execute.WorkerContext(settings, RedisStore(client, settings), toolchains, fx_toolchains)
-    )
+    execute.configure(execute.WorkerContext(settings, store, toolchains, fx_toolchains))
     import compileq.tasks.compile  # noqa: F401  (registers the task with the app)
 
     host = socket.gethostname()
