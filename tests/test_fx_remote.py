@@ -19,6 +19,7 @@ from tests.conftest import Env, Worker, compileq_cmd, stats, wipe_cache
 CLIENTS = Path(__file__).parent / "clients"
 TRAIN = CLIENTS / "train_cpu.py"
 COND = CLIENTS / "cond_cpu.py"
+TINY = CLIENTS / "tiny_cpu.py"  # where any graph will do: fewer kernels, a shorter suite
 
 #: Every counter that grows when graph code is generated or a C++ kernel is compiled.
 COMPILES = ("fx_local_compiles", "fx_remote_compiles", "cpp_local_compiles", "cpp_remote_compiles")
@@ -102,7 +103,7 @@ def test_a_new_machine_gets_graphs_and_cpp_kernels_and_compiles_nothing_anywhere
 def test_compileq_run_no_fx_compiles_graphs_in_process_even_with_a_live_worker(
     env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
 ) -> None:
-    run = run_client(env, tmp_path, "no-fx", TRAIN, "--no-fx")
+    run = run_client(env, tmp_path, "no-fx", TINY, "--no-fx")
     assert run.result["matches_eager"] is True
     counters = stats(env, tmp_path)
     assert counters["fx_local_compiles"] == 2
@@ -127,7 +128,7 @@ def test_without_a_live_fx_worker_graphs_compile_in_process_and_it_is_said_once(
     # A database no worker heartbeats into: the cluster is reachable, but nobody serves FX.
     lonely = Env(redis_server.url(3), session_home)
     wipe_cache(redis_server.client(3))
-    run = run_client(lonely, tmp_path, "lonely", TRAIN)
+    run = run_client(lonely, tmp_path, "lonely", TINY)
     assert run.result == {**run.result, "matches_eager": True, "compileq": True}
     counters = stats(lonely, tmp_path)
     assert counters["fx_local_compiles"] == 2 and counters["fx_remote_compiles"] == 0
