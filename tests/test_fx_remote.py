@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,8 +13,13 @@ import pytest
 import redis
 
 import compileq
+from compileq import keys
+from compileq.cache.store import RedisStore
 from compileq.config import Settings
 from compileq.localstack import RedisServer
+from compileq.tasks import liveness
+from compileq.tasks.app import COMPILE_FX, client_app
+from compileq.tasks.fx_jobs import FX, FxJob
 from tests.conftest import Env, Worker, compileq_cmd, stats, wipe_cache
 
 CLIENTS = Path(__file__).parent / "clients"
@@ -153,3 +159,28 @@ def test_install_with_fx_puts_compileqs_scheme_into_inductor_and_uninstall_resto
         compileq.uninstall()
     assert not fx_remote.active()
     assert (compile_fx.fx_compile_mode, compile_fx_subproc._SubprocessFxCompile) == before
+
+
+def test_a_worker_refuses_fx_jobs_that_are_unsigned_or_not_what_their_key_says(
+    worker: Worker, clean_cache: redis.Redis, settings: Settings
+) -> None:
+    info = next(i for i in liveness.workers_info(clean_cache) if i["name"] == "cpu")
+    (queue,) = [q for q in info["queues"] if q.startswith(keys.FX_QUEUE_PREFIX)]
+    target, toolchain = next(iter(info["fx_toolchains"].items()))
+    store = RedisStore(clean_cache, settings)
+    unsigned = keys.artifact(FX, "1" * 64)
+    clean_cache.set(keys.job(unsigned), b"\x80\x04 a pickle nobody signed")
+    # Signed, so it is ours, but its content hashes to another key: never generated.
+    mislabelled = keys.artifact(FX, "2" * 64)
+    job = FxJob(target, toolchain["digest"], b"graph bytes")
+    clean_cache.set(keys.job(mislabelled), store.seal(keys.job(mislabelled), job.to_bytes()))
+    sender = client_app(settings)
+    for key in (unsigned, mislabelled, 123):
+        sender.send_task(COMPILE_FX, args=[key], queue=queue)
+    deadline = time.monotonic() + 60
+    while int(clean_cache.hget(keys.STATS, "rejected_tasks") or 0) < 3:
+        assert time.monotonic() < deadline, worker.log.read_text()[-3000:]
+        time.sleep(0.2)
+    assert int(clean_cache.hget(keys.STATS, "integrity_failures") or 0) == 1
+    assert int(clean_cache.hget(keys.STATS, "fx_remote_compiles") or 0) == 0
+    assert not list(clean_cache.scan_iter(match=keys.artifact(FX, "*")))
