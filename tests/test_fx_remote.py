@@ -140,6 +140,7 @@ def test_without_a_live_fx_worker_graphs_compile_in_process_and_it_is_said_once(
     assert counters["fx_local_compiles"] == 2 and counters["fx_remote_compiles"] == 0
     assert counters["fallbacks"] >= 2
     assert run.stderr.count("no live worker for FX queue compileq.fx.") == 1
+    assert "no live worker builds for cpu-" in run.stderr  # and it says which target
 
 
 def test_install_with_fx_puts_compileqs_scheme_into_inductor_and_uninstall_restores(
@@ -184,3 +185,19 @@ def test_a_worker_refuses_fx_jobs_that_are_unsigned_or_not_what_their_key_says(
     assert int(clean_cache.hget(keys.STATS, "integrity_failures") or 0) == 1
     assert int(clean_cache.hget(keys.STATS, "fx_remote_compiles") or 0) == 0
     assert not list(clean_cache.scan_iter(match=keys.artifact(FX, "*")))
+
+
+def test_an_fx_job_key_covers_toolchain_target_env_and_graph_and_round_trips() -> None:
+    job = FxJob("cpu-avx2", "a" * 20, b"graph", {"ATEN_CPU_CAPABILITY": "avx2"})
+    variants = [
+        FxJob("cpu-avx512+avx2", job.toolchain, job.pickled_input, job.env),
+        FxJob(job.target, "b" * 20, job.pickled_input, job.env),
+        FxJob(job.target, job.toolchain, b"graph2", job.env),
+        FxJob(job.target, job.toolchain, job.pickled_input, {}),
+    ]
+    assert len({job.key(), *(v.key() for v in variants)}) == 5
+    assert job.key().startswith(keys.artifact(FX, ""))
+    assert FxJob.from_bytes(job.to_bytes()) == job
+    for bad in (b"no header", b'{"target": 1, "toolchain": "x"}\nbody'):
+        with pytest.raises(ValueError):
+            FxJob.from_bytes(bad)

@@ -50,7 +50,8 @@ class Router:
 
     def _why(self, target: str, mine: dict[str, Any], field: str) -> str:
         seen = []
-        for info in liveness.workers_info(self._client):
+        infos = liveness.workers_info(self._client)
+        for info in infos:
             theirs = info.get(field, {}).get(target)
             if not isinstance(theirs, dict):
                 continue
@@ -61,7 +62,11 @@ class Router:
             ]
             seen.append(f"{info.get('host')}/{info.get('name')} differs in " + "; ".join(diffs))
         if not seen:
-            return f"no live worker builds for {target}"
+            # Say what the live workers do serve: for FX, a target that differs only in the
+            # CPU's vector ISAs is the usual reason, and it shows in the target's name.
+            others = sorted({t for info in infos for t in info.get(field, {})})
+            served = f"; live workers build for {', '.join(others[:5])}" if others else ""
+            return f"no live worker builds for {target}{served}"
         return " | ".join(seen[:3])
 
     def has_worker(self, queue: str) -> bool:
