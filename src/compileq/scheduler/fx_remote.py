@@ -4,11 +4,12 @@ Inductor already knows how to lower and generate a graph in another process: wit
 ``fx_compile_mode`` SUBPROCESS, ``fx_codegen_and_compile`` builds the ``_SubprocessFxCompile``
 it imports from ``compile_fx_subproc`` at call time, pickles the graph
 (``serialize_compile``), hands the bytes to ``_send_to_child_async`` and loads the output code
-that comes back. compileq sets that mode and puts :class:`RemoteFxCompile` where the class is
-imported from, so the "subprocess" is a worker whose toolchain, CPU vector ISAs and GPU target
-equal this machine's. The rejected alternative, wrapping ``fx_codegen_and_compile`` itself,
-would copy Inductor's choice of scheme and its signature, which differs between 2.11 and 2.13;
-the two names patched here are the same in both.
+that comes back. compileq sets that mode and puts ``fx_scheme.RemoteFxCompile`` where the
+class is imported from, so the "subprocess" is a worker whose toolchain, CPU vector ISAs and
+GPU target equal this machine's. The rejected alternative, wrapping ``fx_codegen_and_compile``
+itself, would copy Inductor's choice of scheme and its signature, which changes between
+releases (2.13 added ``compile_region_name``); the two names patched here, and the
+``_OutOfProcessFxCompile`` interface, are the same in every release that has them.
 
 Whatever stands in the way (a graph Inductor will not pickle, no live worker, Redis or the
 broker down, the worker's compile failing, the deadline passing) the graph is compiled in this
