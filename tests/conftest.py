@@ -114,14 +114,19 @@ def worker(env: Env, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worke
     stop_worker(w)
 
 
-@pytest.fixture
-def clean_cache(redis_server: RedisServer) -> redis.Redis:
-    """An empty cache (artifacts, leases, jobs, counters); workers' heartbeats are kept."""
-    client = redis_server.client()
+def wipe_cache(client: redis.Redis) -> None:
+    """Drop artifacts, leases, jobs and counters; workers' heartbeats are kept."""
     for pattern in (keys.ARTIFACT, keys.LOCK, keys.JOB):
         for key in client.scan_iter(match=pattern + "*"):
             client.delete(key)
     client.delete(keys.STATS)
+
+
+@pytest.fixture
+def clean_cache(redis_server: RedisServer) -> redis.Redis:
+    """An empty cache (artifacts, leases, jobs, counters); workers' heartbeats are kept."""
+    client = redis_server.client()
+    wipe_cache(client)
     return client
 
 

@@ -11,10 +11,12 @@ from typing import Any
 __version__ = "0.1.0"
 
 
-def install(settings: Any = None) -> bool:
+def install(settings: Any = None, *, fx: bool | None = None) -> bool:
+    """Route torch.compile's builds through compileq; ``fx=True`` also its graph codegen
+    (default: the ``COMPILEQ_FX`` setting)."""
     from compileq.scheduler.install import install as _install
 
-    return _install(settings)
+    return _install(settings, fx=fx)
 
 
 def uninstall() -> None:

@@ -60,6 +60,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (boot, env.get("PYTHONPATH")) if p)
     if args.redis_url:
         env["COMPILEQ_REDIS_URL"] = args.redis_url
+    # On by default here, unlike install(): `compileq run` is how a whole job is handed to
+    # the cluster, and a graph with no worker for it still compiles in process.
+    env["COMPILEQ_FX"] = "1" if args.fx else "0"
     try:
         os.execvpe(command[0], command, env)  # the command's exit code and signals are its own
     except OSError as e:
@@ -117,6 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
         "run", help="run a command with compileq active in every Python process it starts"
     )
     common(p)
+    p.add_argument(
+        "--fx",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="generate FX graphs' code on workers (default); --no-fx compiles graphs in process",
+    )
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
     p.set_defaults(func=cmd_run)
 

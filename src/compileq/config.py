@@ -47,6 +47,11 @@ class Settings(BaseSettings):
         description="Serve Inductor's FX-graph, AOTAutograd, autotune and C++ caches from Redis.",
     )
 
+    fx: bool = Field(
+        False,
+        description="Generate FX graphs' code on workers (`compileq run` turns it on; see --no-fx).",
+    )
+
     @field_validator("redis_url", "broker_url")
     @classmethod
     def _redis_scheme(cls, value: str | None) -> str | None:

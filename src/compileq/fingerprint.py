@@ -232,3 +232,77 @@ def local_toolchain(target: Target) -> Toolchain:
         assembler=assembler_version(target),
         codegen_env=codegen_env(),
     )
+
+
+# -- FX codegen --------------------------------------------------------------------------------
+#
+# Codegen of a whole graph depends on more than a Triton build does: on CPU the C++ Inductor
+# writes follows the vector ISAs the CPU runs (``cpu_vec_isa``), and the object is built by the
+# host compiler; a graph touching a GPU also needs the GPU's kernel toolchain. A worker serves
+# an FX queue only where all of these equal the client's, so the code it writes is the code the
+# client would have written.
+
+
+@functools.cache
+def compiler_identity() -> str:
+    """The host C++ compiler Inductor uses, with the first line of its ``--version``."""
+    from torch._inductor.cpp_builder import get_cpp_compiler
+
+    cxx = get_cpp_compiler()
+    try:
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        out = f"unknown ({e})"
+    return f"{cxx}: {(out.splitlines() or ['?'])[0]}"
+
+
+@functools.cache
+def cpu_isas() -> str:
+    """Every vector ISA Inductor finds usable here (``avx512+avx2``), or ``novec``.
+
+    The whole list, not only Inductor's pick: the pick also follows ``config.cpp.simdlen`` and
+    ``ATEN_CPU_CAPABILITY``, which travel with the job, so two machines with equal lists pick
+    alike under any setting; two with equal picks but different lists may not.
+    """
+    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+
+    names = [re.sub(r"\W+", "_", str(isa)).strip("_") for isa in valid_vec_isa_list()]
+    return "+".join(n for n in names if n) or "novec"
+
+
+def fx_target(gpu: Target | None) -> str:
+    """Where a graph's code is generated: ``cpu-<isas>``, or ``<gpu target>.cpu-<isas>``."""
+    cpu = f"cpu-{cpu_isas()}"
+    return cpu if gpu is None else f"{gpu}.{cpu}"
+
+
+@dataclass(frozen=True)
+class FxToolchain:
+    """What must be equal for a worker to generate a graph's code as the client would."""
+
+    torch_version: str
+    torch_key: str
+    compiler: str
+    machine: str
+    kernels: str  # the GPU Toolchain's digest for a GPU graph; empty for a CPU graph
+
+    @functools.cached_property
+    def digest(self) -> str:
+        blob = json.dumps(asdict(self), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:20]
+
+    def describe(self) -> dict[str, Any]:
+        return {**asdict(self), "digest": self.digest}
+
+
+def local_fx_toolchain(gpu: Target | None) -> FxToolchain:
+    import platform
+
+    torch_version, tkey = torch_identity()
+    return FxToolchain(
+        torch_version=torch_version,
+        torch_key=tkey,
+        compiler=compiler_identity(),
+        machine=platform.machine(),
+        kernels="" if gpu is None else local_toolchain(gpu).digest,
+    )

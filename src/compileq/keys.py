@@ -28,6 +28,8 @@ BROKER = f"{PREFIX}:broker:"
 
 #: Celery queues: ``compileq.triton.<toolchain digest>.<target>``.
 QUEUE_PREFIX = "compileq.triton."
+#: Celery queues for graph codegen: ``compileq.fx.<FX toolchain digest>.<FX target>``.
+FX_QUEUE_PREFIX = "compileq.fx."
 
 
 def artifact(kind: str, digest: str) -> str:

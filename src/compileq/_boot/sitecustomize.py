@@ -2,7 +2,9 @@
 
 It installs compileq the moment Inductor's ``async_compile`` module is first imported, not at
 start-up: importing torch costs seconds, and many processes of a launch (shell helpers, data
-loaders) never compile anything. Any ``sitecustomize`` this file shadows still runs.
+loaders) never compile anything. It calls install() once more when ``compile_fx`` has loaded:
+``compile_fx`` itself imports ``async_compile``, and the FX codegen hook can only be set on a
+``compile_fx`` that has finished loading. Any ``sitecustomize`` this file shadows still runs.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import sys
 from types import ModuleType
 from typing import Any
 
-_TRIGGER = "torch._inductor.async_compile"
+_TRIGGERS = {"torch._inductor.async_compile", "torch._inductor.compile_fx"}
 
 
 def _run_shadowed_sitecustomize() -> None:
@@ -31,11 +33,24 @@ def _run_shadowed_sitecustomize() -> None:
 
 
 class _InstallWhenInductorLoads(importlib.abc.MetaPathFinder):
+    def __init__(self) -> None:
+        self.waiting = set(_TRIGGERS)
+        self.busy = False
+
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != _TRIGGER:
+        if self.busy:
             return None
-        sys.meta_path.remove(self)  # once; and let the real finders locate the module
-        spec = importlib.util.find_spec(name)
+        if name not in self.waiting:
+            return None
+        self.waiting.discard(name)  # once per module
+        if not self.waiting:
+            sys.meta_path.remove(self)
+        # Let the real finders locate the module (this finder declines the nested call).
+        self.busy = True
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            self.busy = False
         if spec is None or spec.loader is None:
             return spec
         run_module = spec.loader.exec_module

@@ -74,9 +74,14 @@ class _Flight:
 
 
 class KernelClient:
-    def __init__(self, settings: Settings, local: LocalBuilder) -> None:
+    def __init__(self, settings: Settings, local: LocalBuilder, *, on_worker: bool = False) -> None:
+        """``on_worker``: this client runs inside a worker's FX codegen. It then builds every
+        miss itself and never enqueues or waits on a lease: a worker waiting for a queue it
+        may itself be the only consumer of could deadlock. Its builds count as remote."""
         self._settings = settings
         self._local = local
+        self._on_worker = on_worker
+        self._built = Counter.KERNEL_REMOTE_COMPILES if on_worker else Counter.KERNEL_LOCAL_COMPILES
         self._id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._redis = redis_client(settings.redis_url, settings)
         self._store = RedisStore(self._redis, settings)
@@ -95,6 +100,25 @@ class KernelClient:
     @property
     def store(self) -> RedisStore:
         return self._store
+
+    @property
+    def router(self) -> Router:
+        return self._router
+
+    @property
+    def settings(self) -> Settings:
+        return self._settings
+
+    def send_task(self, name: str, key: str, queue: str) -> None:
+        """Enqueue task ``name`` for ``key`` (also its task id, so duplicates collapse)."""
+        self._app.send_task(name, args=[key], queue=queue, task_id=key)
+
+    def redis_down(self) -> bool:
+        """Whether Redis failed recently: everything compiles locally until ``retry_after_s``."""
+        return time.monotonic() < self._down_until
+
+    def redis_failed(self, error: Exception) -> None:
+        self._redis_failed(error)
 
     def submit(self, job: TritonJob, extra_env: dict[str, str] | None = None) -> Future[Built]:
         return self.submit_many([(job, extra_env or {})])[0]
@@ -140,6 +164,15 @@ class KernelClient:
                     misses.append(flight)
                 else:
                     self._resolve(flight, Built(flight.key, entry, Outcome.HIT))
+            if self._on_worker:
+                self._store.count(
+                    {
+                        Counter.KERNEL_HITS: len(flights) - len(misses),
+                        Counter.KERNEL_MISSES: len(misses),
+                    }
+                )
+                self._build_locally(misses)
+                return
             owners = self._take_leases(misses)
             remote: list[_Flight] = []
             unserved: list[_Flight] = []
@@ -230,7 +263,7 @@ class KernelClient:
         if time.monotonic() >= self._down_until:
             try:
                 self._store.put(flight.key, payload)
-                self._store.count({Counter.KERNEL_LOCAL_COMPILES: 1})
+                self._store.count({self._built: 1})
                 self._release(flight, events.Done(flight.key, True))
             except EntryTooLarge as e:
                 warn_once("too-large", "compileq: %s; kept local only", e)

@@ -12,12 +12,10 @@ not do this, so a stock "warm" start still runs the C++ compiler for every kerne
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import json
 import os
 import platform
-import subprocess
 import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -29,22 +27,13 @@ from compileq._log import warn_once
 from compileq.cache.counters import Counter
 from compileq.cache.store import RedisStore
 from compileq.errors import CompileqError
+from compileq.fingerprint import compiler_identity
 
 _store: RedisStore | None = None
 _original: Callable[[str, Sequence[Any]], None] | None = None
 _original_check_build: Callable[[Any, str], bool] | None = None
-
-
-@functools.cache
-def compiler_identity() -> str:
-    from torch._inductor.cpp_builder import get_cpp_compiler
-
-    cxx = get_cpp_compiler()
-    try:
-        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError) as e:
-        out = f"unknown ({e})"
-    return f"{cxx}: {(out.splitlines() or ['?'])[0]}"
+#: What a build here counts as: local in a client, remote inside a worker's FX codegen.
+_built = Counter.CPP_LOCAL_COMPILES
 
 
 def cpp_key(target: str) -> str:
@@ -81,6 +70,8 @@ def _compile_cpp(lock_path: str, cpp_builders: Sequence[Any]) -> None:
     store, target = _store, str(cpp_builders[-1].get_target_file_path())
     if store is None or os.path.exists(target):
         _original(lock_path, cpp_builders)
+        if store is not None and _built is Counter.CPP_REMOTE_COMPILES:
+            _share_existing(store, target)
         return
     key = cpp_key(target)
     try:
@@ -101,9 +92,21 @@ def _compile_cpp(lock_path: str, cpp_builders: Sequence[Any]) -> None:
 def _store_built(store: RedisStore, key: str, path: str) -> None:
     """Count a build done here and share its object; failing to share only costs others."""
     try:
-        store.count({Counter.CPP_LOCAL_COMPILES: 1})
+        store.count({_built: 1})
         with open(path, "rb") as f:
             store.put(key, f.read())
+    except (OSError, redis.RedisError, CompileqError) as e:
+        warn_once("cpp-cache-put", "compileq: C++ object not cached: %s", e)
+
+
+def _share_existing(store: RedisStore, path: str) -> None:
+    """On a worker, an object its own disk cache already held must still reach the store:
+    the client that asked for this codegen looks it up there, and would build it otherwise."""
+    key = cpp_key(path)
+    try:
+        if not store.client.exists(key):
+            with open(path, "rb") as f:
+                store.put(key, f.read())
     except (OSError, redis.RedisError, CompileqError) as e:
         warn_once("cpp-cache-put", "compileq: C++ object not cached: %s", e)
 
@@ -151,11 +154,13 @@ def _check_build(isa: Any, code: str) -> bool:
     return ok
 
 
-def enable(store: RedisStore) -> None:
+def enable(store: RedisStore, built: Counter = Counter.CPP_LOCAL_COMPILES) -> None:
+    """Serve C++ builds from ``store``; a build done here counts as ``built``."""
     from torch._inductor import codecache
     from torch._inductor.cpu_vec_isa import VecISA
 
-    global _store, _original, _original_check_build
+    global _store, _original, _original_check_build, _built
+    _built = built
     if _original is None:
         _original = codecache._worker_compile_cpp
         codecache._worker_compile_cpp = _compile_cpp
@@ -169,7 +174,8 @@ def disable() -> None:
     from torch._inductor import codecache
     from torch._inductor.cpu_vec_isa import VecISA
 
-    global _store, _original, _original_check_build
+    global _store, _original, _original_check_build, _built
+    _built = Counter.CPP_LOCAL_COMPILES
     if _original is not None:
         codecache._worker_compile_cpp = _original
     if _original_check_build is not None:

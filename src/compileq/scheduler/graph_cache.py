@@ -78,6 +78,9 @@ class _StoreBackend(RemoteCacheBackend[bytes]):  # type: ignore[misc]
                 return entry
         return None
 
+    def _put_counter(self) -> Counter | None:
+        return self.on_put
+
     def _put(self, key: str, data: bytes) -> None:
         if _store is None:
             return
@@ -85,8 +88,9 @@ class _StoreBackend(RemoteCacheBackend[bytes]):  # type: ignore[misc]
         try:
             # Counted whether or not this put wins the first-writer race: each put follows
             # work done here, and a counter of winners alone would hide duplicate compiles.
-            if self.on_put is not None:
-                _store.count({self.on_put: 1})
+            counter = self._put_counter()
+            if counter is not None:
+                _store.count({counter: 1})
             _store.put(name, data)
             if _leases is not None:
                 _leases.release(name)
@@ -102,6 +106,13 @@ class FxGraphBackend(_StoreBackend):
     on_hit, on_miss = Counter.FX_HITS, Counter.FX_MISSES
     # Inductor puts right after it generated the graph's code in this process.
     on_put = Counter.FX_LOCAL_COMPILES
+
+    def _put_counter(self) -> Counter | None:
+        from compileq.scheduler import fx_remote
+
+        # A graph a worker generated was counted there (fx_remote_compiles), once, by the
+        # process that ran the codegen; this put only shares its result.
+        return None if fx_remote.generated_remotely() else self.on_put
 
 
 class AOTAutogradBackend(_StoreBackend):

@@ -8,8 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from compileq._log import log, warn_once
+from compileq.cache.counters import Counter
 from compileq.config import Settings, get_settings
 from compileq.errors import ConfigError
+from compileq.scheduler import fx_remote
 from compileq.scheduler.client import KernelClient
 from compileq.scheduler.local import LocalBuilder
 from compileq.scheduler.pool import CompileqPool
@@ -19,24 +21,35 @@ from compileq.scheduler.pool import CompileqPool
 class _Installed:
     original: Any  # the staticmethod object AsyncCompile had
     pool: CompileqPool
+    fx: bool
 
 
 _installed: _Installed | None = None
 _lock = threading.Lock()
 
 
-def install(settings: Settings | None = None) -> bool:
+def install(
+    settings: Settings | None = None, *, fx: bool | None = None, on_worker: bool = False
+) -> bool:
     """Route Inductor's Triton builds through compileq. Returns whether compileq is active.
 
+    ``fx`` (default: ``settings.fx``, i.e. ``COMPILEQ_FX``) also sends FX graph codegen to
+    workers. ``on_worker`` is for a worker's own FX codegen: kernels are built in place and
+    stored, never enqueued, and count as remote builds.
+
     Never raises for a missing cluster: without a secret compileq stays off (and says so);
-    without Redis or workers it builds locally. Safe to call twice.
+    without Redis or workers it builds locally. Safe to call twice; a second call finishes
+    the FX hook if the first came while ``compile_fx`` was still loading.
     """
     global _installed
     settings = settings or get_settings()
     if not settings.enabled:
         return False
+    want_fx = settings.fx if fx is None else fx
     with _lock:
         if _installed is not None:
+            if _installed.fx:
+                fx_remote.enable(_installed.pool.client)
             return True
         from torch._inductor import config
         from torch._inductor.async_compile import AsyncCompile, get_compile_threads
@@ -44,7 +57,7 @@ def install(settings: Settings | None = None) -> bool:
         try:
             original = AsyncCompile.__dict__["process_pool"]
             stock = original.__func__
-            client = KernelClient(settings, LocalBuilder(stock))
+            client = KernelClient(settings, LocalBuilder(stock), on_worker=on_worker)
         except ConfigError as e:
             warn_once("config", "compileq: not installed: %s", e)
             return False
@@ -59,14 +72,17 @@ def install(settings: Settings | None = None) -> bool:
             from compileq.scheduler import cpp_cache, graph_cache
 
             graph_cache.enable(client.store, settings.deadline_s)
-            cpp_cache.enable(client.store)
+            built = Counter.CPP_REMOTE_COMPILES if on_worker else Counter.CPP_LOCAL_COMPILES
+            cpp_cache.enable(client.store, built)
+        if want_fx and not on_worker:
+            fx_remote.enable(client)
         AsyncCompile._ready_future = None
         # With one compile thread Inductor never uses a pool; compileq's pool costs no CPU
         # here, so allow the parallel path even on a one-core client.
         if get_compile_threads() <= 1:
             config.compile_threads = 2
-        _installed = _Installed(original, pool)
-    log.info("compileq: installed (redis %s)", settings.redis_display)
+        _installed = _Installed(original, pool, want_fx and not on_worker)
+    log.info("compileq: installed (redis %s%s)", settings.redis_display, ", FX" if want_fx else "")
     return True
 
 
@@ -81,6 +97,7 @@ def uninstall() -> None:
         AsyncCompile.process_pool = _installed.original  # type: ignore[method-assign]
         from compileq.scheduler import cpp_cache, graph_cache
 
+        fx_remote.disable()
         graph_cache.disable()
         cpp_cache.disable()
         AsyncCompile._ready_future = None

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import redis
 
 from compileq.config import Settings
-from compileq.fingerprint import Target, Toolchain, local_toolchain
+from compileq.fingerprint import FxToolchain, Target, Toolchain, local_toolchain
 from compileq.tasks import liveness
 from compileq.tasks.queues import triton_queue
 
@@ -41,10 +42,17 @@ class Router:
         the differing component (a version, the assembler, a TRITON_* variable) makes it
         actionable without a debugger.
         """
-        mine = self.toolchain(target).describe()
+        return self._why(str(target), self.toolchain(target).describe(), "toolchains")
+
+    def why_unserved_fx(self, target: str, toolchain: FxToolchain) -> str:
+        """The same for an FX queue: what no live worker generating for ``target`` shares."""
+        return self._why(target, toolchain.describe(), "fx_toolchains")
+
+    def _why(self, target: str, mine: dict[str, Any], field: str) -> str:
         seen = []
-        for info in liveness.workers_info(self._client):
-            theirs = info.get("toolchains", {}).get(str(target))
+        infos = liveness.workers_info(self._client)
+        for info in infos:
+            theirs = info.get(field, {}).get(target)
             if not isinstance(theirs, dict):
                 continue
             diffs = [
@@ -54,7 +62,11 @@ class Router:
             ]
             seen.append(f"{info.get('host')}/{info.get('name')} differs in " + "; ".join(diffs))
         if not seen:
-            return f"no live worker builds for {target}"
+            # Say what the live workers do serve: for FX, a target that differs only in the
+            # CPU's vector ISAs is the usual reason, and it shows in the target's name.
+            others = sorted({t for info in infos for t in info.get(field, {})})
+            served = f"; live workers build for {', '.join(others[:5])}" if others else ""
+            return f"no live worker builds for {target}{served}"
         return " | ".join(seen[:3])
 
     def has_worker(self, queue: str) -> bool:

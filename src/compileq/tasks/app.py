@@ -10,6 +10,7 @@ from compileq import keys
 from compileq.config import Settings, get_settings
 
 COMPILE_TRITON = "compileq.compile_triton"
+COMPILE_FX = "compileq.compile_fx"
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import cast
 
 import redis
@@ -15,7 +15,7 @@ from compileq.cache.envelope import open_sealed
 from compileq.cache.store import RedisStore
 from compileq.config import Settings
 from compileq.errors import CompileqError, IntegrityError, ToolchainMismatch
-from compileq.fingerprint import Target, Toolchain
+from compileq.fingerprint import FxToolchain, Target, Toolchain
 from compileq.tasks.events import Done, announce
 from compileq.tasks.jobs import TRITON, TritonJob
 from compileq.workers.build import build_triton
@@ -26,6 +26,8 @@ class WorkerContext:
     settings: Settings
     store: RedisStore
     toolchains: dict[Target, Toolchain]
+    #: FX targets (fingerprint.fx_target) this worker generates code for, with its toolchain.
+    fx_toolchains: dict[str, FxToolchain] = field(default_factory=dict)
 
 
 _context: WorkerContext | None = None
@@ -37,22 +39,26 @@ def configure(context: WorkerContext) -> None:
     _context = context
 
 
-def execute_compile_triton(key: object) -> str:
+def context() -> WorkerContext:
     if _context is None:
         raise CompileqError("worker context not configured (run through `compileq worker`)")
-    ctx = _context
+    return _context
+
+
+def execute_compile_triton(key: object) -> str:
+    ctx = context()
     client = ctx.store.client
     if not isinstance(key, str) or not key.startswith(keys.artifact(TRITON, "")):
-        return _reject(ctx, repr(key)[:200], "malformed task message: expected an artifact key")
+        return reject(ctx, repr(key)[:200], "malformed task message: expected an artifact key")
     # A duplicate delivery, or a client that built it locally while this waited in the queue.
     if ctx.store.get_many([key])[0] is not None:
-        _finish(client, key)
+        finish(client, key)
         announce(client, Done(key, True))
         return "cached"
     try:
         job = _load_job(ctx, key)
     except (CompileqError, ValueError) as e:
-        return _reject(ctx, key, str(e))
+        return reject(ctx, key, str(e))
 
     started = time.perf_counter()
     try:
@@ -61,11 +67,11 @@ def execute_compile_triton(key: object) -> str:
     except Exception as e:  # the kernel's own error, or EntryTooLarge; never cached as a success
         ctx.store.count({Counter.KERNEL_REMOTE_FAILURES: 1})
         log.warning("compileq worker: build of %s (%s) failed: %s", job.name, key, e)
-        _finish(client, key)
+        finish(client, key)
         announce(client, Done(key, False, f"{type(e).__name__}: {e}"))
         return "failed"
     ctx.store.count({Counter.KERNEL_REMOTE_COMPILES: 1})
-    _finish(client, key)
+    finish(client, key)
     announce(client, Done(key, True))
     log.info("compileq worker: built %s in %.2fs", job.name, time.perf_counter() - started)
     return "built"
@@ -92,17 +98,19 @@ def _load_job(ctx: WorkerContext, key: str) -> TritonJob:
     return job
 
 
-def _reject(ctx: WorkerContext, key: str, reason: str) -> str:
+def reject(ctx: WorkerContext, key: str, reason: str) -> str:
+    """Refuse a task that is malformed or not ours; whoever waits on it is told at once."""
     log.error("compileq worker: rejected task %s: %s", key, reason)
     ctx.store.count({Counter.REJECTED_TASKS: 1})
     if key.startswith(keys.ARTIFACT):
         try:
-            _finish(ctx.store.client, key)
+            finish(ctx.store.client, key)
             announce(ctx.store.client, Done(key, False, reason))
         except redis.RedisError:
             pass
     return "rejected"
 
 
-def _finish(client: redis.Redis, key: str) -> None:
+def finish(client: redis.Redis, key: str) -> None:
+    """Drop the job and the lease of a task that is over (built, failed or rejected)."""
     client.delete(keys.lock(key), keys.job(key))

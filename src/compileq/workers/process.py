@@ -23,6 +23,7 @@ def preload(cpu_only: bool) -> None:
         enable_cross_compile()
     import torch._inductor.async_compile
     import torch._inductor.codecache
+    import torch._inductor.compile_fx_ext
     import torch._inductor.runtime.triton_heuristics  # noqa: F401
 
 
@@ -38,8 +39,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from compileq.cache.store import RedisStore, redis_client
     from compileq.config import get_settings
-    from compileq.fingerprint import Target, local_toolchain
+    from compileq.fingerprint import Target, fx_target, local_fx_toolchain, local_toolchain
     from compileq.tasks import app, triton_queue
+    from compileq.tasks.queues import fx_queue
     from compileq.workers import execute
     from compileq.workers.heartbeat import Heartbeat
 
@@ -49,8 +51,22 @@ def main(argv: list[str] | None = None) -> int:
     targets = [Target.parse(t) for t in args.targets.split(",")]
     toolchains = {t: local_toolchain(t) for t in targets}
     queues = [triton_queue(toolchains[t], t) for t in targets]
+    # FX codegen: every worker generates CPU graphs for its own CPU (vector ISAs, compiler);
+    # a GPU worker also generates graphs for its GPU. A --cpu-only worker's --arch targets
+    # are for cross-compiling kernels only: generating a GPU graph needs the GPU.
+    gpus: list[Target | None] = [None] if args.cpu_only else [None, *targets]
     client = redis_client(settings.redis_url, settings)
-    execute.configure(execute.WorkerContext(settings, RedisStore(client, settings), toolchains))
+    store = RedisStore(client, settings)
+    if settings.graph_cache:
+        from compileq.cache.counters import Counter
+        from compileq.scheduler import cpp_cache
+
+        # Finding this CPU's vector ISAs compiles a probe per ISA; shared through the store,
+        # a client asking the same question of the same CPU loads them instead of building.
+        cpp_cache.enable(store, Counter.CPP_REMOTE_COMPILES)
+    fx_toolchains = {fx_target(g): local_fx_toolchain(g) for g in gpus}
+    queues += [fx_queue(tc, target) for target, tc in fx_toolchains.items()]
+    execute.configure(execute.WorkerContext(settings, store, toolchains, fx_toolchains))
     import compileq.tasks.compile  # noqa: F401  (registers the task with the app)
 
     host = socket.gethostname()
@@ -63,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         "concurrency": args.concurrency,
         "queues": queues,
         "toolchains": {str(t): tc.describe() for t, tc in toolchains.items()},
+        "fx_toolchains": {t: tc.describe() for t, tc in fx_toolchains.items()},
     }
     heartbeat = Heartbeat(
         client, worker_id, queues, info, settings.heartbeat_interval_s, settings.heartbeat_ttl_s

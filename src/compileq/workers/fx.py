@@ -1,0 +1,126 @@
+"""What a worker does with one ``compile_fx`` message: generate a graph's code for a client.
+
+It runs Inductor's own child side of an out-of-process compile (``_run_in_child``, after
+``clear_caches()`` as Inductor's subprocess scheme does), so the output is exactly what a
+subprocess of the client would return. The kernels codegen builds go to the store under the
+keys the client computes when it loads the output code: Triton kernels through compileq's pool
+installed ``on_worker`` (built here, never enqueued: a worker waiting on a queue it may be the
+only consumer of could deadlock), C++ objects through the C++ cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from typing import cast
+
+from compileq import keys
+from compileq._log import log
+from compileq.cache.counters import Counter
+from compileq.cache.envelope import open_sealed
+from compileq.errors import CompileqError, IntegrityError, ToolchainMismatch
+from compileq.tasks.events import Done, announce
+from compileq.tasks.fx_jobs import CODEGEN_ENV, FX, FxJob
+from compileq.workers.execute import WorkerContext, context, finish, reject
+
+_installed_pid: int | None = None
+
+
+def execute_compile_fx(key: object) -> str:
+    ctx = context()
+    client = ctx.store.client
+    if not isinstance(key, str) or not key.startswith(keys.artifact(FX, "")):
+        return reject(ctx, repr(key)[:200], "malformed task message: expected an FX artifact key")
+    if ctx.store.get_many([key])[0] is not None:  # a duplicate delivery
+        finish(client, key)
+        announce(client, Done(key, True))
+        return "cached"
+    try:
+        job = _load_job(ctx, key)
+    except (CompileqError, ValueError) as e:
+        return reject(ctx, key, str(e))
+
+    started = time.perf_counter()
+    try:
+        output = generate(ctx, job)
+        ctx.store.put(key, output)
+    except Exception as e:  # Inductor's own error, or EntryTooLarge: the client compiles it
+        log.warning("compileq worker: FX codegen of %s failed: %s", key, e)
+        finish(client, key)
+        announce(client, Done(key, False, f"{type(e).__name__}: {e}"))
+        return "failed"
+    ctx.store.count({Counter.FX_REMOTE_COMPILES: 1})
+    finish(client, key)
+    announce(client, Done(key, True))
+    log.info("compileq worker: generated graph %s in %.2fs", key, time.perf_counter() - started)
+    return "built"
+
+
+def _load_job(ctx: WorkerContext, key: str) -> FxJob:
+    raw = cast("bytes | None", ctx.store.client.get(keys.job(key)))
+    if raw is None:
+        raise CompileqError("job missing (expired, or never written by a client)")
+    try:
+        data = open_sealed(
+            ctx.settings.secret_bytes(), keys.job(key), raw, ctx.settings.max_entry_bytes
+        )
+    except IntegrityError as e:
+        ctx.store.count({Counter.INTEGRITY_FAILURES: 1})
+        raise CompileqError(f"job rejected: {e}") from e
+    job = FxJob.from_bytes(data)
+    toolchain = ctx.fx_toolchains.get(job.target)
+    if toolchain is None:
+        raise ToolchainMismatch(f"this worker does not generate code for {job.target}")
+    if job.toolchain != toolchain.digest:
+        raise ToolchainMismatch("the job's FX toolchain is not this worker's; not generating it")
+    if job.key() != key:
+        raise ToolchainMismatch("job content does not match its key; not generating it")
+    return job
+
+
+def generate(ctx: WorkerContext, job: FxJob) -> bytes:
+    """Inductor's ``_run_in_child`` on the job's input; the pickled output's bytes."""
+    import torch
+    from torch._inductor.compile_fx_ext import _OutOfProcessFxCompile, _WireProtocolPickledInput
+    from torch._inductor.utils import clear_caches
+
+    _install_in_this_process(ctx)
+    # As Inductor's subprocess scheme: a previous graph's in-memory caches (and the temp
+    # dirs they point at) must not leak into this one.
+    clear_caches()
+    torch._inductor.metrics.reset()
+    with _codegen_env(job.env):
+        output = _OutOfProcessFxCompile._run_in_child(_WireProtocolPickledInput(job.pickled_input))
+    return bytes(output.value)
+
+
+def _install_in_this_process(ctx: WorkerContext) -> None:
+    """compileq's pool and C++ cache, once per pool process (Celery forks them)."""
+    global _installed_pid
+    if _installed_pid == os.getpid():
+        return
+    from compileq.scheduler.install import install
+
+    install(ctx.settings, fx=False, on_worker=True)
+    _installed_pid = os.getpid()
+
+
+@contextlib.contextmanager
+def _codegen_env(env: dict[str, str]) -> Iterator[None]:
+    """The client's values of the variables codegen reads, set or unset alike."""
+    saved = {name: os.environ.get(name) for name in CODEGEN_ENV}
+    try:
+        for name in CODEGEN_ENV:
+            if name in env:
+                os.environ[name] = env[name]
+            else:
+                os.environ.pop(name, None)
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
