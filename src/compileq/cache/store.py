@@ -34,11 +34,11 @@ def redis_client(url: str, settings: Settings) -> redis.Redis:
     """A client with bounded timeouts: a dead Redis must cost seconds, never a hang.
 
     redis-py's default retries every timeout three times with backoff, which turned one
-    partitioned call into ~30 s (measured on the black-holed link tests/test_partition.py
-    makes): the timeouts
-    configured here would have been a quarter of the truth. One immediate retry on a
-    connection error still heals a connection that a Redis restart closed; a timeout is not
-    retried, since against a partition a second wait only doubles the stall.
+    partitioned call into ~30 s (measured on the black-holed link that
+    tests/test_partition.py makes): the timeouts configured here would have been a quarter
+    of the truth. One immediate retry on a connection error still heals a connection that a
+    Redis restart closed; a timeout is not retried, since against a partition a second wait
+    only doubles the stall.
     """
     return redis.Redis.from_url(
         url,
