@@ -9,19 +9,16 @@ import redis
 from compileq._log import log, warn_once
 from compileq.config import Settings, redact
 
-#: The reply prefix of a write refused by a Redis at ``maxmemory`` with ``noeviction``.
-OOM_REPLY = "OOM command not allowed"
-
 
 def is_full(error: BaseException) -> bool:
     """Whether a failed publish means a full broker (rather than an unreachable one).
 
-    kombu re-raises redis-py's ResponseError, sometimes wrapped; the reply text is the one
-    stable mark, so the whole cause chain is searched for it.
+    A Redis at ``maxmemory`` with ``noeviction`` refuses writes with an OOM reply, which
+    redis-py raises as OutOfMemoryError; kombu may wrap it, so the cause chain is searched.
     """
     seen: BaseException | None = error
     while seen is not None:
-        if OOM_REPLY in str(seen):
+        if isinstance(seen, redis.exceptions.OutOfMemoryError):
             return True
         seen = seen.__cause__ or seen.__context__
     return False
