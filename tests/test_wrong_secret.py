@@ -67,3 +67,29 @@ def test_a_worker_with_another_secret_refuses_the_job_and_keeps_serving_its_own(
         )
     finally:
         stop_worker(worker)
+
+
+def test_a_missing_secret_is_refused_on_either_side_with_a_clear_error(
+    env: Env, tmp_path: Path, reliability: Recorder
+) -> None:
+    import compileq
+    from compileq.config import Settings
+
+    unset = {"COMPILEQ_SECRET": ""}
+    worker = run_cli(
+        env, "worker", "--cpu-only", "--arch", "sm_90", tmp=tmp_path, check=False, **unset
+    )
+    client = run_cli(env, "warm", str(GPT), tmp=tmp_path, check=False, **unset)
+    for proc in (worker, client):
+        assert proc.returncode == 2 and "COMPILEQ_SECRET is not set" in proc.stderr, proc.stderr
+    # In a training job, install() without a secret stays off and Inductor keeps its own pool.
+    installed = compileq.install(Settings(redis_url=env.redis_url, secret=None))
+    assert installed is False
+    reliability.record(
+        "COMPILEQ_SECRET missing on the worker or the client",
+        "the worker refuses to start and the CLI client exits, naming the setting; "
+        "compileq.install() stays off so a training job builds with stock Inductor",
+        f"worker exit {worker.returncode}, client exit {client.returncode}, both naming "
+        f"COMPILEQ_SECRET; install() returned {installed}",
+        0,
+    )
