@@ -30,8 +30,11 @@ def problem(name: str, payload: bytes) -> str | None:
     if kernel.fn.__name__ != name or not kernel.compile_results:
         return f"{name}: got kernel {kernel.fn.__name__}"
     for result in kernel.compile_results:
-        cubin = bytes(result.kernel.cubin_raw)
-        if result.kernel.name != name or cubin[:4] != b"\x7fELF":
+        # Inductor ships a statically launchable kernel (cubin_raw) when it can, else Triton's
+        # own CompiledKernel (its cubin in asm); stock Inductor loads either.
+        compiled = result.kernel
+        cubin = bytes(getattr(compiled, "cubin_raw", None) or compiled.asm.get("cubin", b""))
+        if compiled.name != name or cubin[:4] != b"\x7fELF":
             return f"{name}: compiled {result.kernel.name}, not an ELF cubin"
         if (struct.unpack_from("<I", cubin, 48)[0] >> 8) & 0xFF != 90:
             return f"{name}: cubin not for sm_90"
