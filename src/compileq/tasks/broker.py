@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import cast
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from compileq._log import log, warn_once
 from compileq.config import Settings, redact
@@ -32,10 +34,12 @@ def warn_if_evicting(settings: Settings) -> None:
     silently degrades to local builds is worth one line at start. Asked with CONFIG GET, which
     ACLs may refuse (managed Redis often does): then there is nothing to say.
     """
+    # No retries: this runs on a worker's start, which an unreachable broker must not stall.
     client = redis.Redis.from_url(
         settings.broker,
         socket_connect_timeout=settings.connect_timeout_s,
         socket_timeout=settings.connect_timeout_s,
+        retry=Retry(NoBackoff(), 0),
     )
     try:
         config = cast("dict[bytes | str, bytes | str]", client.config_get("maxmemory-policy"))
