@@ -17,6 +17,8 @@ $(VENV)/.installed: pyproject.toml
 
 redis:
 	@command -v redis-server >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq redis-server; }
+	@# `ip netns` makes the partition test's private network (tests/test_partition.py).
+	@command -v ip >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq iproute2; }
 
 setup: $(VENV)/.installed redis
 
