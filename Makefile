@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup redis demo test lint bench-hit clean
+.PHONY: setup redis demo test lint bench-hit reliability load clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,8 @@ $(VENV)/.installed: pyproject.toml
 
 redis:
 	@command -v redis-server >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq redis-server; }
+	@# `ip netns` makes the partition test's private network (tests/test_partition.py).
+	@command -v ip >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq iproute2; }
 
 setup: $(VENV)/.installed redis
 
@@ -25,6 +27,19 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# The fault, bad-input and load tests (the full-size load test included), writing the table
+# of docs/RELIABILITY.md from what they observe. Needs root for `ip netns` (the partition test).
+RELIABILITY_TESTS := tests/test_faults.py tests/test_cluster.py tests/test_security.py \
+	tests/test_store.py tests/test_partition.py tests/test_broker.py tests/test_wrong_secret.py \
+	tests/test_load.py
+
+reliability: setup
+	$(PY) -m pytest -q -s -m 'slow or not slow' $(RELIABILITY_TESTS) --reliability-report docs/RELIABILITY.md
+
+# The full-size load test alone: 32 client processes x 200 kernels against 4 workers.
+load: setup
+	$(PY) -m pytest -q -s -m slow tests/test_load.py
 
 lint: setup
 	$(VENV)/bin/ruff check src tests bench examples

@@ -23,6 +23,9 @@ from compileq import keys, localstack
 from compileq.config import Settings
 from compileq.localstack import RedisServer, stop
 
+#: The `reliability` fixture and `--reliability-report` (docs/RELIABILITY.md).
+pytest_plugins = ("tests.reliability",)
+
 FIXTURES = Path(__file__).parent / "fixtures"
 SECRET = "test-secret-" + "x" * 20
 

@@ -32,6 +32,7 @@ from tests.conftest import (
     stats,
     warm_json,
 )
+from tests.reliability import Recorder
 
 MLP = FIXTURES / "dynamic_mlp.jsonl"
 GPT = FIXTURES / "gpt_head.jsonl"
@@ -113,12 +114,17 @@ def test_concurrent_clients_cause_exactly_one_compile_per_kernel(
     assert counters["entries"] == n
 
 
-def test_tampered_truncated_and_foreign_entries_are_rejected_removed_and_rebuilt(
-    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path, settings: Settings
+def test_tampered_truncated_foreign_and_wrong_kind_entries_are_rejected_removed_and_rebuilt(
+    env: Env,
+    worker: Worker,
+    clean_cache: redis.Redis,
+    tmp_path: Path,
+    settings: Settings,
+    reliability: Recorder,
 ) -> None:
     n = len(manifest_rows(MLP))
     warm_json(env, MLP, tmp_path)
-    victims = artifact_keys(clean_cache)[:3]
+    victims = artifact_keys(clean_cache)[:4]
     tampered = bytearray(clean_cache.get(victims[0]) or b"")
     tampered[len(tampered) // 2] ^= 0x40
     clean_cache.set(victims[0], bytes(tampered))
@@ -129,28 +135,49 @@ def test_tampered_truncated_and_foreign_entries_are_rejected_removed_and_rebuilt
     payload = RedisStore(clean_cache, settings).get(victims[2].decode())
     assert payload is not None
     clean_cache.set(victims[2], foreign.seal(victims[2].decode(), payload))
+    # A genuine entry of another kind (same digest, sealed for an FX-graph key) under this key.
+    ours = RedisStore(clean_cache, settings)
+    other_kind = victims[3].decode().replace(":a:triton:", ":a:fx:")
+    clean_cache.set(victims[3], ours.seal(other_kind, ours.get(victims[3].decode()) or b""))
 
     report = warm_json(env, MLP, tmp_path / "again")
-    assert (report["hits"], report["remote"], report["local"], report["failed"]) == (n - 3, 3, 0, 0)
+    assert (report["hits"], report["remote"], report["local"], report["failed"]) == (n - 4, 4, 0, 0)
     counters = stats(env, tmp_path)
-    assert counters["integrity_failures"] == 3
-    assert counters["kernel_remote_compiles"] == n + 3
+    assert counters["integrity_failures"] == 4
+    assert counters["kernel_remote_compiles"] == n + 4
     # The rebuilt entries are sound: a third client hits everything.
     final = warm_json(env, MLP, tmp_path / "final")
     assert final["hits"] == n
+    reliability.record(
+        "tampered, truncated, foreign-secret and wrong-kind cache entries (one each)",
+        "each rejected before unpickling, removed, counted, rebuilt; a miss, never an error",
+        f"integrity_failures={counters['integrity_failures']}; next client: "
+        f"{report['hits']} hits, {report['remote']} rebuilt, {report['failed']} failed; "
+        f"third client: {final['hits']}/{n} hits",
+        n - final["hits"] + report["failed"],
+    )
 
 
-def test_with_redis_down_kernels_build_locally(env: Env, tmp_path: Path) -> None:
+def test_with_redis_down_kernels_build_locally(
+    env: Env, tmp_path: Path, reliability: Recorder
+) -> None:
     n = len(manifest_rows(GPT))
     down = Env(f"redis://127.0.0.1:{free_port()}/0", env.home)
     proc = run_cli(down, "warm", str(GPT), "--json", tmp=tmp_path)
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert (report["local"], report["failed"], report["remote"]) == (n, 0, 0)
     assert proc.stderr.count("compiling locally") == 1  # said once, not once per kernel
+    reliability.record(
+        "Redis unreachable from the start",
+        "every kernel built locally; said once",
+        f"{n} kernels: {report['local']} local, {report['failed']} failed; 'compiling "
+        f"locally' said {proc.stderr.count('compiling locally')}x",
+        n - report["local"] + report["failed"],
+    )
 
 
 def test_with_no_live_worker_kernels_build_locally_and_are_cached(
-    redis_server: RedisServer, env: Env, tmp_path: Path
+    redis_server: RedisServer, env: Env, tmp_path: Path, reliability: Recorder
 ) -> None:
     lonely = Env(redis_server.url(3), env.home)  # a database no worker serves
     redis_server.client(3).flushdb()
@@ -163,10 +190,17 @@ def test_with_no_live_worker_kernels_build_locally_and_are_cached(
     assert counters["kernel_local_compiles"] == n and counters["fallbacks"] == n
     second = warm_json(lonely, GPT, tmp_path / "second")
     assert second["hits"] == n
+    reliability.record(
+        "no live worker for the kernels' queue",
+        "built locally, cached, counted as fallbacks; the warning says why",
+        f"{n} kernels: {report['local']} local; fallbacks={counters['fallbacks']}; "
+        f"next client: {second['hits']}/{n} hits",
+        n - second["hits"] + report["failed"],
+    )
 
 
 def test_a_kernel_that_fails_to_compile_is_reported_and_never_cached(
-    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
+    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path, reliability: Recorder
 ) -> None:
     row = manifest_rows(GPT)[0]
     broken = dict(row, source=row["source"].replace("tl.load(", "tl.no_such_load("))
@@ -181,10 +215,23 @@ def test_a_kernel_that_fails_to_compile_is_reported_and_never_cached(
     assert counters["kernel_remote_failures"] == 1
     assert counters["entries"] == 1  # only the good kernel
     assert not list(clean_cache.scan_iter(match=keys.LOCK + "*"))  # nobody left waiting
+    reliability.record(
+        "a kernel source that fails to compile",
+        "the client gets the kernel's own error, as stock would; the failure is not cached",
+        f"failed={report['failed']} with the kernel's own error; the good kernel built "
+        f"remotely; kernel_remote_failures={counters['kernel_remote_failures']}; "
+        f"entries={counters['entries']} (the good one only); no lease left",
+        1 - report["remote"],  # the good kernel of the pair must still arrive
+    )
 
 
 def test_a_malformed_task_message_is_rejected_and_the_worker_keeps_serving(
-    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path, settings: Settings
+    env: Env,
+    worker: Worker,
+    clean_cache: redis.Redis,
+    tmp_path: Path,
+    settings: Settings,
+    reliability: Recorder,
 ) -> None:
     queue = next(clean_cache.scan_iter(match=keys.WORKERS + "*")).decode()[len(keys.WORKERS) :]
     sender = client_app(settings)
@@ -196,10 +243,17 @@ def test_a_malformed_task_message_is_rejected_and_the_worker_keeps_serving(
         time.sleep(0.2)
     report = warm_json(env, GPT, tmp_path)
     assert report["remote"] == len(manifest_rows(GPT))
+    reliability.record(
+        "malformed task messages (a number, not a key, a key with no job spec)",
+        "each rejected, logged and counted; the worker keeps serving",
+        f"rejected_tasks={int(clean_cache.hget(keys.STATS, 'rejected_tasks') or 0)}; then "
+        f"{report['remote']}/{report['kernels']} kernels built by the same worker",
+        report["kernels"] - report["remote"],
+    )
 
 
 def test_a_worker_of_another_toolchain_never_receives_the_kernels(
-    env: Env, clean_cache: redis.Redis, tmp_path: Path, worker: Worker
+    env: Env, clean_cache: redis.Redis, tmp_path: Path, worker: Worker, reliability: Recorder
 ) -> None:
     # A codegen-relevant variable on the client changes its toolchain, hence its queue: the
     # running worker (without it) gets nothing and the client builds locally.
@@ -209,6 +263,13 @@ def test_a_worker_of_another_toolchain_never_receives_the_kernels(
     assert stats(env, tmp_path)["kernel_remote_compiles"] == 0
     # The warning names the component that differs.
     assert "codegen_env (worker {}, here {'TRITON_DEFAULT_FP_FUSION': '0'})" in proc.stderr
+    reliability.record(
+        "a worker whose toolchain differs from the client's",
+        "it never receives the client's tasks; the client builds locally, naming the difference",
+        f"{report['kernels']} kernels: {report['local']} local, {report['remote']} remote; "
+        "worker built 0; warning names codegen_env TRITON_DEFAULT_FP_FUSION",
+        report["kernels"] - report["local"] + report["failed"],
+    )
 
 
 def test_cli_errors_are_clear(env: Env, tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from tests.conftest import (
     start_worker,
     stop_worker,
 )
+from tests.reliability import Recorder
 
 MLP = FIXTURES / "dynamic_mlp.jsonl"
 
@@ -84,7 +85,7 @@ def all_kernels_sound(url: str, manifest: Path) -> bool:
 
 
 def test_a_worker_killed_mid_build_loses_nothing(
-    redis_server: RedisServer, env: Env, tmp_path: Path
+    redis_server: RedisServer, env: Env, tmp_path: Path, reliability: Recorder
 ) -> None:
     db = redis_server.client(5)
     db.flushdb()
@@ -108,11 +109,21 @@ def test_a_worker_killed_mid_build_loses_nothing(
         assert "signal 9 (SIGKILL)" in worker.log.read_text()
         assert all_kernels_sound(wenv.redis_url, MLP)
         assert not list(db.scan_iter(match=keys.LOCK + "*"))  # no lease left to block others
+        reliability.record(
+            "worker build processes killed with SIGKILL mid-build",
+            "builds requeued (acks late) and finished by the restarted pool; no lease left",
+            f"{len(pool)} build processes killed; {report['kernels']} kernels: "
+            f"{report['remote']} remote, {report['local']} local, {report['failed']} failed; "
+            "every entry verifies; 0 leases left",
+            report["kernels"] - report["remote"] - report["local"] + report["failed"],
+        )
     finally:
         stop_worker(worker)
 
 
-def test_redis_restarted_mid_run_loses_nothing(env: Env, tmp_path: Path) -> None:
+def test_redis_restarted_mid_run_loses_nothing(
+    env: Env, tmp_path: Path, reliability: Recorder
+) -> None:
     server = localstack.start_redis(tmp_path / "redis")
     renv = Env(server.url(), env.home)
     worker = start_worker(renv, tmp_path)
@@ -133,8 +144,18 @@ def test_redis_restarted_mid_run_loses_nothing(env: Env, tmp_path: Path) -> None
         rerun = warm_async(renv, tmp_path / "rerun")
         out, err = rerun.communicate(timeout=180)
         assert rerun.returncode == 0, err[-3000:]
-        assert json.loads(out.strip().splitlines()[-1])["failed"] == 0
+        second = json.loads(out.strip().splitlines()[-1])
+        assert second["failed"] == 0
         assert all_kernels_sound(renv.redis_url, MLP)
+        reliability.record(
+            "Redis killed and restarted (empty) mid-run",
+            "client falls back to local builds, says so once; rerun completes the cache",
+            f"{report['kernels']} kernels: {report['hits'] + report['remote']} from the "
+            f"cluster, {report['local']} local, {report['failed']} failed; rerun: "
+            f"{second['hits']} hits, {second['remote']} remote, {second['local']} local; "
+            "every kernel's entry verifies",
+            report["failed"] + second["failed"],
+        )
     finally:
         stop_worker(worker)
         localstack.stop(server.process)

@@ -14,6 +14,7 @@ import redis
 
 from compileq.localstack import free_port, stop
 from tests.conftest import FIXTURES, Env, manifest_rows, run_cli, start_worker, stop_worker
+from tests.reliability import Recorder
 
 GPT = FIXTURES / "gpt_head.jsonl"
 
@@ -139,7 +140,7 @@ def tls_url(port: int, certs: Path, password: str) -> str:
 
 
 def test_a_cluster_behind_tls_and_an_acl_user_builds_and_serves_kernels(
-    tls_redis: tuple[int, Path], env: Env, tmp_path: Path
+    tls_redis: tuple[int, Path], env: Env, tmp_path: Path, reliability: Recorder
 ) -> None:
     port, certs = tls_redis
     secure = Env(tls_url(port, certs, "s3cret-pw"), env.home)
@@ -155,14 +156,21 @@ def test_a_cluster_behind_tls_and_an_acl_user_builds_and_serves_kernels(
         )
         assert second["hits"] == n
         # The server refuses the default user: nothing reached it unauthenticated or in clear.
-        with pytest.raises(redis.RedisError):
+        with pytest.raises(redis.RedisError) as refused:
             redis.Redis(host="127.0.0.1", port=port).ping()
+        reliability.record(
+            "plaintext, unauthenticated connection to a TLS + ACL Redis",
+            "refused by the server; the cluster works over rediss:// with its ACL user",
+            f"plain connection: {type(refused.value).__name__}; over TLS: {first['remote']}/{n} "
+            f"built remotely, then {second['hits']}/{n} hits",
+            n - second["hits"],
+        )
     finally:
         stop_worker(worker)
 
 
 def test_a_wrong_password_falls_back_to_local_builds_and_says_why(
-    tls_redis: tuple[int, Path], env: Env, tmp_path: Path
+    tls_redis: tuple[int, Path], env: Env, tmp_path: Path, reliability: Recorder
 ) -> None:
     port, certs = tls_redis
     wrong = Env(tls_url(port, certs, "not-the-password"), env.home)
@@ -171,6 +179,13 @@ def test_a_wrong_password_falls_back_to_local_builds_and_says_why(
     assert (report["local"], report["failed"]) == (len(manifest_rows(GPT)), 0)
     assert "compiling locally" in proc.stderr and "invalid username-password" in proc.stderr
     assert "not-the-password" not in proc.stderr  # credentials never reach the log
+    reliability.record(
+        "wrong Redis password (ACL user) on a client",
+        "local builds, the reason logged, the password never logged",
+        f"{report['local']} local, {report['failed']} failed; log says 'invalid "
+        "username-password'; password absent from the log",
+        len(manifest_rows(GPT)) - report["local"] + report["failed"],
+    )
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ from compileq.cache.counters import read_counters
 from compileq.cache.store import RedisStore, redis_client
 from compileq.config import Settings
 from compileq.errors import ConfigError, EntryTooLarge
+from tests.reliability import Recorder
 
 
 def key(n: int) -> str:
@@ -47,12 +48,19 @@ def test_the_first_writer_wins(store: RedisStore) -> None:
 
 
 def test_an_oversized_entry_is_refused_with_a_clear_error(
-    settings: Settings, clean_cache: redis.Redis
+    settings: Settings, clean_cache: redis.Redis, reliability: Recorder
 ) -> None:
     small = RedisStore(clean_cache, settings.model_copy(update={"max_entry_bytes": 1000}))
-    with pytest.raises(EntryTooLarge, match="COMPILEQ_MAX_ENTRY_BYTES"):
+    with pytest.raises(EntryTooLarge, match="COMPILEQ_MAX_ENTRY_BYTES") as refused:
         small.put(key(2), os.urandom(5000))
     assert clean_cache.get(key(2)) is None
+    reliability.record(
+        "a payload over the size cap (COMPILEQ_MAX_ENTRY_BYTES)",
+        "refused with a clear error naming the setting; nothing stored",
+        f"EntryTooLarge: {refused.value.size} bytes over the cap of {refused.value.limit}; "
+        f"stored: {clean_cache.exists(key(2))}",
+        0,
+    )
 
 
 def test_a_corrupt_entry_is_deleted_counted_and_treated_as_a_miss(store: RedisStore) -> None:

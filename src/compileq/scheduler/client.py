@@ -26,11 +26,11 @@ from compileq import keys
 from compileq._log import log, warn_once
 from compileq.cache.counters import Counter
 from compileq.cache.store import Entry, RedisStore, redis_client
-from compileq.config import Settings
+from compileq.config import Settings, redact
 from compileq.errors import CompileqError, EntryTooLarge
 from compileq.scheduler.local import LocalBuilder
 from compileq.scheduler.routing import Router
-from compileq.tasks import events
+from compileq.tasks import broker, events
 from compileq.tasks.app import COMPILE_TRITON, client_app
 from compileq.tasks.jobs import TritonJob
 
@@ -235,7 +235,18 @@ class KernelClient:
                 sent.append(f)
         except Exception as e:  # kombu raises its own OperationalError family
             unsent = flights[len(sent) :]
-            warn_once("broker", "compileq: cannot reach the broker (%s); compiling locally", e)
+            if broker.is_full(e):
+                # A noeviction broker at maxmemory: reachable, but it refuses every write.
+                # Told apart because the fix is the broker's memory, not the network.
+                warn_once(
+                    "broker-full",
+                    "compileq: the broker Redis at %s is full and refuses new build messages "
+                    "(%s); compiling locally (raise its maxmemory or drain its queues)",
+                    redact(self._settings.broker),
+                    e,
+                )
+            else:
+                warn_once("broker", "compileq: cannot reach the broker (%s); compiling locally", e)
             self._store.count({Counter.FALLBACKS: len(unsent)})
             self._build_locally(unsent)
 
@@ -298,6 +309,11 @@ class KernelClient:
                 target=self._listen, name="compileq-listener", daemon=True
             )
             self._listener.start()
+            # Once per process, off the caller's path: a slow or refused CONFIG GET must not
+            # delay the first kernel.
+            threading.Thread(
+                target=broker.warn_if_evicting, args=(self._settings,), daemon=True
+            ).start()
         # Subscribe before the first lookup: an announcement between a miss and the
         # subscription would otherwise only be seen by the poll, a second later.
         self._subscribed.wait(timeout=self._settings.connect_timeout_s)
@@ -348,6 +364,10 @@ class KernelClient:
                     done[key].error,
                 )
                 self._build_locally([flight])
+        # Counted like a deadline miss: the cluster did not deliver (a worker refusing the
+        # job, e.g. for a signature made with another secret), and `fallbacks` is where an
+        # operator looks for kernels that went local.
+        self._store.count({Counter.FALLBACKS: sum(not done[k].ok for k in waiting)})
         entries = self._store.get_many([f.key for f in ok])
         for flight, entry in zip(ok, entries, strict=True):
             if entry is None:  # evicted, or rejected as corrupt: build it here

@@ -22,6 +22,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             "visibility_timeout": settings.visibility_timeout_s,
             "global_keyprefix": keys.BROKER,
             "socket_connect_timeout": settings.connect_timeout_s,
+            # Without it kombu waits forever for the reply to a publish on a connection a
+            # partition left half-open, and the client's deadline never gets to act. Above
+            # kombu's 1 s BRPOP timeout, so idle workers are not disturbed.
+            "socket_timeout": max(settings.connect_timeout_s, 5.0),
         },
         # Messages carry keys and small JSON only; artifacts travel through the store. pickle
         # is refused so that broker write access alone never means code execution on a worker.

@@ -47,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
 
     settings = get_settings()
     settings.secret_bytes()  # fail now, not on the first task
+    from compileq.tasks.broker import warn_if_evicting
+
+    warn_if_evicting(settings)
     preload(args.cpu_only)
     targets = [Target.parse(t) for t in args.targets.split(",")]
     toolchains = {t: local_toolchain(t) for t in targets}

@@ -1,0 +1,93 @@
+"""A client process that requests a manifest's kernels through compileq and checks each one.
+
+Usage: python load_client.py MANIFEST   (settings from COMPILEQ_* variables)
+
+Submits every kernel at once through :class:`KernelClient` (what ``compileq.install()`` uses),
+records each kernel's latency from submission to its result, and checks every result is a
+correct, loadable build: it unpickles to Inductor's ``CachingAutotuner`` for the kernel asked
+for (its name, not another's), holding sm_90 cubins. Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import struct
+import sys
+import time
+from concurrent.futures import Future, wait
+
+from compileq.config import Settings
+from compileq.scheduler.client import Built, KernelClient
+from compileq.scheduler.warm import read_manifest
+
+
+def problem(name: str, payload: bytes) -> str | None:
+    """Why ``payload`` is not a correct build of kernel ``name``, or None."""
+    kernel, elapsed_us = pickle.loads(payload)
+    if type(kernel).__name__ != "CachingAutotuner" or elapsed_us <= 0:
+        return f"{name}: got {type(kernel).__name__}"
+    if kernel.fn.__name__ != name or not kernel.compile_results:
+        return f"{name}: got kernel {kernel.fn.__name__}"
+    for result in kernel.compile_results:
+        # Inductor ships a statically launchable kernel (cubin_raw) when it can, else Triton's
+        # own CompiledKernel (its cubin in asm); stock Inductor loads either.
+        compiled = result.kernel
+        cubin = bytes(getattr(compiled, "cubin_raw", None) or compiled.asm.get("cubin", b""))
+        if compiled.name != name or cubin[:4] != b"\x7fELF":
+            return f"{name}: compiled {result.kernel.name}, not an ELF cubin"
+        if (struct.unpack_from("<I", cubin, 48)[0] >> 8) & 0xFF != 90:
+            return f"{name}: cubin not for sm_90"
+    return None
+
+
+def main() -> None:
+    from torch._inductor.async_compile import AsyncCompile, get_compile_threads
+
+    from compileq.scheduler.local import LocalBuilder
+
+    get_compile_threads()
+    jobs = read_manifest(__import__("pathlib").Path(sys.argv[1]))
+    client = KernelClient(Settings(), LocalBuilder(AsyncCompile.process_pool))
+    done_at: dict[int, float] = {}
+
+    def stamp(i: int) -> object:
+        return lambda _f: done_at.__setitem__(i, time.perf_counter())
+
+    started = time.perf_counter()
+    futures: list[Future[Built]] = client.submit_many([(job, {}) for job in jobs])
+    for i, future in enumerate(futures):
+        future.add_done_callback(stamp(i))  # type: ignore[arg-type]
+    wait(futures, timeout=600)
+    wall = time.perf_counter() - started
+    client.close()
+    tally = {"hit": 0, "remote": 0, "local": 0}
+    failed, bad = [], []
+    for job, future in zip(jobs, futures, strict=True):
+        if not future.done() or future.exception() is not None:
+            failed.append(f"{job.name}: {future.exception() if future.done() else 'unresolved'}")
+            continue
+        built = future.result()
+        tally[built.outcome.value] += 1
+        if (why := problem(job.name, built.payload)) is not None:
+            bad.append(why)
+    latencies = [round((done_at[i] - started) * 1000, 2) for i in sorted(done_at)]
+    print(
+        json.dumps(
+            {
+                "kernels": len(jobs),
+                "hits": tally["hit"],
+                "remote": tally["remote"],
+                "local": tally["local"],
+                "failed": len(failed),
+                "bad": len(bad),
+                "problems": (failed + bad)[:5],
+                "latencies_ms": latencies,
+                "wall_s": round(wall, 3),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
