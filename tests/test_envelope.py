@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from compileq.cache.envelope import open_sealed, seal
-from compileq.errors import IntegrityError
+from compileq.errors import ForeignSecret, IntegrityError
 
 KEY = "compileq:a:triton:abc"
 PAYLOAD = b"payload " * 1000
@@ -31,9 +31,17 @@ def test_a_truncated_entry_fails() -> None:
             open_sealed(b"s", KEY, blob[:cut], 10**6)
 
 
-def test_an_entry_sealed_with_another_secret_fails() -> None:
-    with pytest.raises(IntegrityError):
+def test_an_entry_sealed_with_another_secret_fails_as_foreign_not_as_damaged() -> None:
+    with pytest.raises(ForeignSecret, match="another secret"):
         open_sealed(b"mine", KEY, seal(b"theirs", KEY, PAYLOAD), 10**6)
+
+
+def test_a_flipped_byte_under_our_own_key_id_is_damage_not_a_foreign_secret() -> None:
+    blob = bytearray(seal(b"s", KEY, PAYLOAD))
+    blob[-5] ^= 0x01
+    with pytest.raises(IntegrityError) as raised:
+        open_sealed(b"s", KEY, bytes(blob), 10**6)
+    assert not isinstance(raised.value, ForeignSecret)
 
 
 def test_an_entry_copied_under_another_key_or_kind_fails() -> None:

@@ -73,6 +73,32 @@ def test_a_corrupt_entry_is_deleted_counted_and_treated_as_a_miss(store: RedisSt
     assert read_counters(store.client)["integrity_failures"] == 1
 
 
+def test_a_node_with_another_secret_reads_good_entries_as_misses_and_deletes_none(
+    store: RedisStore, settings: Settings, reliability: Recorder
+) -> None:
+    for n in range(10, 20):
+        store.put(key(n), f"good-{n}".encode())
+    from pydantic import SecretStr
+
+    wrong = RedisStore(store.client, settings.model_copy(update={"secret": SecretStr("wrong")}))
+    assert wrong.get_many([key(n) for n in range(10, 20)]) == [None] * 10
+    assert wrong.put(key(10), b"theirs") is False  # first writer wins: ours stays
+    counters = read_counters(store.client)
+    assert counters["foreign_secret_entries"] == 10 and counters["integrity_failures"] == 0
+    # Every good entry is still there and still good for the nodes sharing the right secret.
+    kept = [e.payload() if e else None for e in store.get_many([key(n) for n in range(10, 20)])]
+    assert kept == [f"good-{n}".encode() for n in range(10, 20)]
+    reliability.record(
+        "a node started with a wrong COMPILEQ_SECRET reading the cluster's cache",
+        "every entry reads as a miss there, counted as foreign_secret_entries; none deleted "
+        "or overwritten",
+        f"10 entries read: {counters['foreign_secret_entries']} foreign, "
+        f"{counters['integrity_failures']} judged damaged; afterwards "
+        f"{sum(k is not None for k in kept)}/10 intact",
+        10 - sum(k is not None for k in kept),
+    )
+
+
 def test_a_rejected_entry_replaced_meanwhile_by_a_good_one_is_kept(store: RedisStore) -> None:
     store.put(key(4), b"good")
     good = store.client.get(key(4))

@@ -70,3 +70,11 @@ def test_a_stopped_worker_withdraws_its_heartbeat(
         assert time.monotonic() < deadline
         time.sleep(0.2)
     assert liveness.workers_info(client) == []
+
+
+def test_a_worker_that_keeps_dying_is_restarted_with_growing_delays_and_never_given_up() -> None:
+    from compileq.workers.supervisor import restart_delay
+
+    delays = [restart_delay(n) for n in range(0, 12)]
+    assert delays[:6] == [0.0, 1.0, 2.0, 4.0, 8.0, 16.0]
+    assert delays[6:] == [30.0] * 6  # capped, and still a restart after many deaths

@@ -23,6 +23,11 @@ class IntegrityError(CacheError):
     """A stored entry failed authentication or decoding; it is never unpickled."""
 
 
+class ForeignSecret(IntegrityError):
+    """An entry or job sealed with another ``COMPILEQ_SECRET``: authentic for someone else, so
+    it is never deleted (a node with a wrong secret must not wipe the cluster's cache)."""
+
+
 class EntryTooLarge(CacheError):
     """An artifact is larger than ``COMPILEQ_MAX_ENTRY_BYTES``."""
 

@@ -28,6 +28,7 @@ class Counter(str, enum.Enum):
     CPP_LOCAL_COMPILES = "cpp_local_compiles"
     FALLBACKS = "fallbacks"
     INTEGRITY_FAILURES = "integrity_failures"
+    FOREIGN_SECRET_ENTRIES = "foreign_secret_entries"
     REJECTED_TASKS = "rejected_tasks"
 
 

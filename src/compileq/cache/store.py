@@ -12,11 +12,11 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from compileq import keys
-from compileq._log import log
+from compileq._log import log, warn_once
 from compileq.cache.counters import Counter, incr
 from compileq.cache.envelope import decompress, seal, verify
 from compileq.config import Settings
-from compileq.errors import EntryTooLarge, IntegrityError
+from compileq.errors import EntryTooLarge, ForeignSecret, IntegrityError
 
 # Delete an entry only if it still holds the bytes we judged bad: between our read and the
 # delete another client may have replaced it with a good one, and a plain DEL would lose it.
@@ -102,6 +102,12 @@ class RedisStore(Store):
     def _verify(self, key: str, blob: bytes) -> Entry | None:
         try:
             return Entry(key, verify(self._secret, key, blob), self._max_bytes)
+        except ForeignSecret as e:
+            # Left in place: this process cannot tell whose secret is the right one, and
+            # deleting would let one misconfigured node empty the whole cache.
+            warn_once("foreign-secret", "compileq: cache entry not ours (%s); treated as a miss", e)
+            self.count({Counter.FOREIGN_SECRET_ENTRIES: 1})
+            return None
         except IntegrityError as e:
             removed = self._delete_if_equal(
                 keys=[key, keys.STATS], args=[blob, Counter.INTEGRITY_FAILURES.value]

@@ -22,6 +22,11 @@ from compileq.errors import WorkerError
 from compileq.fingerprint import Target
 from compileq.workers.gpus import probe_gpus, select_gpus
 
+#: A child that lived this long was healthy: its next death restarts it at once.
+_STABLE_S = 60.0
+#: The longest wait between restarts of a child that keeps dying.
+_MAX_BACKOFF_S = 30.0
+
 
 @dataclass(frozen=True)
 class ChildSpec:
@@ -70,12 +75,20 @@ def plan(
     return [ChildSpec(f"gpu{g.index}", (g.target,), per_gpu, False, g.index) for g in chosen]
 
 
+def restart_delay(quick_deaths: int) -> float:
+    """Seconds before restarting a child that died after ``quick_deaths`` short lives in a row."""
+    return 0.0 if quick_deaths <= 0 else min(_MAX_BACKOFF_S, 2.0 ** (quick_deaths - 1))
+
+
 def run(settings: Settings, specs: list[ChildSpec], loglevel: str = "INFO") -> int:
     children: dict[str, subprocess.Popen[bytes]] = {}
     stopping = False
 
+    started: dict[str, float] = {}
+
     def start(spec: ChildSpec) -> None:
         children[spec.name] = subprocess.Popen(spec.argv(loglevel), env=spec.env(settings))
+        started[spec.name] = time.monotonic()
         log.info("compileq worker: started %s (pid %d)", spec.name, children[spec.name].pid)
 
     def stop(signum: int, _frame: FrameType | None) -> None:
@@ -89,21 +102,35 @@ def run(settings: Settings, specs: list[ChildSpec], loglevel: str = "INFO") -> i
     signal.signal(signal.SIGINT, stop)
     for spec in specs:
         start(spec)
-    restarts: dict[str, list[float]] = {s.name: [] for s in specs}
+    # A child that dies is restarted after a delay that doubles with each quick death (capped),
+    # and never given up on. The rejected alternative, giving up after a few deaths a minute,
+    # let a broker that stayed full or unreachable for a minute stop every worker of the
+    # fleet for good; what makes a child fail forever (flags, secret) is checked before here.
+    quick_deaths = {s.name: 0 for s in specs}
+    restart_at: dict[str, float] = {}
     while not stopping:
         time.sleep(0.5)
+        now = time.monotonic()
         for spec in specs:
+            if spec.name in restart_at:
+                if now >= restart_at[spec.name] and not stopping:
+                    del restart_at[spec.name]
+                    start(spec)
+                continue
             code = children[spec.name].poll()
             if code is None or stopping:
                 continue
-            recent = [t for t in restarts[spec.name] if time.monotonic() - t < 60]
-            if len(recent) >= 5:
-                log.error("compileq worker: %s keeps dying (exit %s); giving up", spec.name, code)
-                stop(signal.SIGTERM, None)
-                return 1
-            log.warning("compileq worker: %s exited with %s; restarting", spec.name, code)
-            restarts[spec.name] = [*recent, time.monotonic()]
-            start(spec)
+            lived = now - started[spec.name]
+            quick_deaths[spec.name] = 0 if lived > _STABLE_S else quick_deaths[spec.name] + 1
+            delay = restart_delay(quick_deaths[spec.name])
+            log.warning(
+                "compileq worker: %s exited with %s after %.0fs; restarting in %.0fs",
+                spec.name,
+                code,
+                lived,
+                delay,
+            )
+            restart_at[spec.name] = now + delay
     deadline = time.monotonic() + settings.task_time_limit_s
     for child in children.values():
         try:
