@@ -16,7 +16,9 @@ from compileq.tasks.liveness import workers_info
 def main() -> int:
     settings = get_settings()
     host = socket.gethostname()
-    live = [i for i in workers_info(redis_client(settings.redis_url, settings)) if i.get("host") == host]
+    live = [
+        i for i in workers_info(redis_client(settings.redis_url, settings)) if i.get("host") == host
+    ]
     return 0 if live else 1
 
 
