@@ -62,6 +62,7 @@ build)
         python3 -c "import socket; socket.create_connection(('127.0.0.1', $port), 1)" 2>/dev/null && break
         sleep 0.1
     done
+    kill -0 "$server" 2>/dev/null || { echo "cannot serve wheels on 127.0.0.1:$port (set COMPILEQ_WHEELS_PORT)" >&2; exit 1; }
     # The classic builder: it is in every Docker engine, where BuildKit needs buildx installed.
     DOCKER_BUILDKIT=0 docker build -q --network host --build-arg "WHEELS=http://127.0.0.1:$port" \
         -f docker/Dockerfile -t "${COMPILEQ_IMAGE:-compileq:local}" . >/dev/null
