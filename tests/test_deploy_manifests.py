@@ -86,7 +86,10 @@ def test_every_compose_service_has_a_restart_policy_and_long_running_ones_a_heal
 
 
 def test_compose_accepts_the_file() -> None:
-    if not (shutil.which("docker-compose") or shutil.which("docker")):
+    plugin = shutil.which("docker") and subprocess.run(
+        ["docker", "compose", "version"], capture_output=True
+    )
+    if not (shutil.which("docker-compose") or (plugin and plugin.returncode == 0)):
         if os.environ.get("CI"):
             pytest.fail("docker compose is required in CI (make docker installs it)")
         pytest.skip("neither docker compose nor docker-compose is installed")
