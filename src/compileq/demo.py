@@ -93,7 +93,6 @@ def _run_phase(
         stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
     lines = stdout.strip().splitlines()
     if proc.returncode not in (0, 1) or not lines:
-        progress.done()
         raise DemoError(f"{label}: the training step exited {proc.returncode}\n{stderr[-3000:]}")
     result: dict[str, Any] = json.loads(lines[-1])
     return result, process_s
@@ -101,8 +100,10 @@ def _run_phase(
 
 def run_demo(as_json: bool) -> int:
     progress = _Progress()
-    result = _measure(progress)
-    progress.done()
+    try:
+        result = _measure(progress)
+    finally:
+        progress.done()  # an error message must not land on the progress line
     print(json.dumps(result) if as_json else render(result))
     return 0 if all(p["matches_eager"] for p in result["phases"]) else 1
 
