@@ -42,9 +42,11 @@ class _Progress:
 
     def __init__(self) -> None:
         self.live = sys.stderr.isatty()
+        self._shown = ""
 
     def say(self, message: str) -> None:
-        if self.live:
+        if self.live and message != self._shown:
+            self._shown = message
             print(f"\r\033[K{message}", end="", file=sys.stderr, flush=True)
 
     def done(self) -> None:
