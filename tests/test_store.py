@@ -63,6 +63,15 @@ def test_an_oversized_entry_is_refused_with_a_clear_error(
     )
 
 
+def test_a_payload_that_fits_the_cap_only_compressed_is_refused_since_no_reader_could_inflate_it(
+    settings: Settings, clean_cache: redis.Redis
+) -> None:
+    small = RedisStore(clean_cache, settings.model_copy(update={"max_entry_bytes": 1000}))
+    with pytest.raises(EntryTooLarge):
+        small.put(key(4), bytes(5000))  # zeros: compresses far below 1000 bytes
+    assert clean_cache.get(key(4)) is None
+
+
 def test_a_corrupt_entry_is_deleted_counted_and_treated_as_a_miss(store: RedisStore) -> None:
     store.put(key(3), b"good")
     raw = bytearray(store.client.get(key(3)))

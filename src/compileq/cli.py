@@ -73,7 +73,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from compileq.demo import run_demo
 
-    return run_demo(Path(args.manifest) if args.manifest else None, as_json=args.json)
+    return run_demo(as_json=args.json)
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
@@ -129,8 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("demo", help="show compileq against stock on an embedded example")
-    p.add_argument("--manifest", help="kernel manifest (default: an embedded real workload)")
+    p = sub.add_parser("demo", help="one training step: stock torch.compile against compileq")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_demo)
 

@@ -53,3 +53,7 @@ class RemoteCompileError(CompileqError):
 
 class WorkerError(CompileqError):
     """A worker process could not start (no GPU found, bad flags)."""
+
+
+class DemoError(CompileqError):
+    """A phase of ``compileq demo`` failed (its training step exited with an error)."""

@@ -116,6 +116,10 @@ class RedisStore(Store):
             return None
 
     def seal(self, key: str, payload: bytes) -> bytes:
+        # The cap is on the payload, not only its compressed form: readers refuse to inflate
+        # past it, so a payload that fit only once compressed would be stored but unreadable.
+        if len(payload) > self._max_bytes:
+            raise EntryTooLarge(key, len(payload), self._max_bytes)
         blob = seal(self._secret, key, payload)
         if len(blob) > self._max_bytes:
             raise EntryTooLarge(key, len(blob), self._max_bytes)

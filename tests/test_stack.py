@@ -1,0 +1,131 @@
+"""The compose stack, for real: Docker builds the images, compose starts both Redis instances and a
+cross-compiling worker, and the example trainer runs twice, the second time as a new machine.
+
+Without a Docker engine the test is skipped locally and fails in CI (CI=true), where `make test`
+installs and starts one (`make docker`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+STACK = ROOT / "docker" / "stack.sh"
+
+Compose = Callable[..., subprocess.CompletedProcess[str]]
+
+
+def _why_no_docker() -> str | None:
+    if shutil.which("docker") is None:
+        return "no docker command (make docker installs Debian's docker.io)"
+    info = subprocess.run(["docker", "info"], capture_output=True, text=True, timeout=60)
+    if info.returncode != 0:
+        return (
+            f"no Docker engine answers (make docker starts dockerd): {info.stderr.strip()[-300:]}"
+        )
+    plugin = subprocess.run(["docker", "compose", "version"], capture_output=True, timeout=60)
+    if plugin.returncode != 0 and shutil.which("docker-compose") is None:
+        return "neither 'docker compose' nor 'docker-compose' is installed"
+    base = subprocess.run(
+        ["docker", "image", "inspect", "compileq-base:bookworm"], capture_output=True, timeout=60
+    )
+    if base.returncode != 0 and shutil.which("debootstrap") is None:
+        return "the base image needs debootstrap (apt-get install debootstrap)"
+    return None
+
+
+def _json_line(text: str) -> dict[str, Any]:
+    line = next(line for line in reversed(text.splitlines()) if line.startswith("{"))
+    result: dict[str, Any] = json.loads(line)
+    return result
+
+
+@pytest.fixture(scope="module")
+def compose() -> Iterator[Compose]:
+    reason = _why_no_docker()
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(f"the stack test must run in CI: {reason}")
+        pytest.skip(reason)
+    build = subprocess.run(
+        [str(STACK), "build"],
+        env={**os.environ, "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
+    assert build.returncode == 0, build.stderr[-4000:]
+    env = {**os.environ, "COMPILEQ_SECRET": secrets.token_hex(32)}
+    project = f"compileq-test-{os.getpid()}"
+
+    def run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            [str(STACK), "compose", "-p", project, "--profile", "cpu", *args],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        assert proc.returncode == 0, f"compose {' '.join(args)}:\n{proc.stderr[-4000:]}"
+        return proc
+
+    try:
+        run("up", "-d", "worker-cpu")
+        worker = run("ps", "-q", "worker-cpu").stdout.strip()
+        deadline = time.monotonic() + 300
+        while True:
+            state = subprocess.run(
+                ["docker", "inspect", "--format", "{{.State.Health.Status}}", worker],
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
+            if state == "healthy":
+                break
+            if time.monotonic() > deadline:
+                logs = run("logs", "--tail", "50", "worker-cpu").stdout
+                pytest.fail(f"the worker never became healthy ({state}):\n{logs}")
+            time.sleep(2)
+        yield run
+    finally:
+        subprocess.run(
+            [str(STACK), "compose", "-p", project, "--profile", "cpu", "down", "-v"],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            timeout=300,
+        )
+
+
+def test_the_stack_serves_a_new_machines_training_step_from_its_cache(compose: Compose) -> None:
+    def stats() -> dict[str, int]:
+        return _json_line(compose("exec", "-T", "worker-cpu", "compileq", "stats", "--json").stdout)
+
+    # `run --rm` makes a fresh container each time: its Inductor and Triton caches start empty,
+    # exactly as on a machine that joins the cluster.
+    cold = _json_line(compose("run", "--rm", "-T", "trainer").stdout)
+    after_cold = stats()
+    new = _json_line(compose("run", "--rm", "-T", "trainer").stdout)
+    after_new = stats()
+
+    assert cold["matches_eager"] and new["matches_eager"]
+    assert cold["loss"] == new["loss"]
+    assert after_cold["fx_local_compiles"] + after_cold.get("fx_remote_compiles", 0) > 0
+    assert after_cold["cpp_local_compiles"] + after_cold.get("cpp_remote_compiles", 0) > 0
+    delta = {
+        k: after_new[k] - after_cold.get(k, 0) for k in after_new if isinstance(after_new[k], int)
+    }
+    assert delta["fx_hits"] > 0 and delta["cpp_hits"] > 0, delta
+    compiles = {k: v for k, v in delta.items() if k.endswith("_compiles")}
+    assert set(compiles.values()) == {0}, compiles
