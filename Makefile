@@ -58,6 +58,11 @@ lint: setup
 	$(VENV)/bin/ruff format --check src tests bench examples
 	$(VENV)/bin/mypy
 
+# Every benchmark scenario, stock and compileq side by side (python -m bench --help).
+bench: setup
+	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) -m bench
+
 bench-hit: setup
 	$(PY) -m bench.hit_path
 
