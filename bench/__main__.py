@@ -100,10 +100,13 @@ def main(argv: list[str] | None = None) -> int:
         if "first" in chosen:
             for workload in workloads:
                 print(f"scenarios 1-3: {workload}", flush=True)
-                results.setdefault("first_steps", []).append(
-                    first_steps(cluster, dirs, workload, args.reps, log)
-                )
-                save()
+                done = list(results.get("first_steps", []))
+
+                def partial(summary: dict[str, Any], done: list[dict[str, Any]] = done) -> None:
+                    results["first_steps"] = [*done, summary]
+                    save()
+
+                partial(first_steps(cluster, dirs, workload, args.reps, log, partial))
         if "herd" in chosen:
             workload = args.herd_workload or ("gpt" if gpu else "mlp")
             print(f"scenario 4: herd of {args.ranks} x {workload}", flush=True)

@@ -40,7 +40,12 @@ def _delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, int]:
 
 
 def first_steps(
-    cluster: Cluster, dirs: CacheDirs, workload: str, reps: int, log: Path
+    cluster: Cluster,
+    dirs: CacheDirs,
+    workload: str,
+    reps: int,
+    log: Path,
+    after_rep: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Scenarios 1-3 for one workload: cold, new machine on a warm cluster, edited model.
 
@@ -83,6 +88,14 @@ def first_steps(
             "cq_new": _delta(new, mid),
             "cq_edit": _delta(cluster.stats(), new),
         }
+        if after_rep is not None:  # a long run that is cut short keeps what it measured
+            after_rep(_summary(workload, runs, counters))
+    return _summary(workload, runs, counters)
+
+
+def _summary(
+    workload: str, runs: dict[str, list[Run]], counters: dict[str, dict[str, int]]
+) -> dict[str, Any]:
     # An edited model trains differently: its runs are compared with stock's edited run.
     reference = {
         False: runs["stock_cold"][0].result["loss"],
@@ -90,7 +103,7 @@ def first_steps(
     }
     return {
         "workload": workload,
-        "reps": reps,
+        "reps": len(runs["stock_cold"]),
         "median_s": {name: _median(rs) for name, rs in runs.items()},
         "all_s": {name: [round(r.first_step_s, 3) for r in rs] for name, rs in runs.items()},
         "loss_equal_stock": {

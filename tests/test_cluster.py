@@ -303,3 +303,20 @@ def test_cli_errors_are_clear(env: Env, tmp_path: Path) -> None:
 def test_a_bad_redis_url_is_refused(value: str) -> None:
     with pytest.raises(ValueError, match="redis://"):
         Settings(redis_url=value)
+
+
+def test_kernels_renumbered_by_an_edit_elsewhere_in_the_model_are_hits(
+    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
+) -> None:
+    rows = manifest_rows(MLP)
+    first = warm_json(env, MLP, tmp_path)
+    assert (first["remote"], first["failed"]) == (len(rows), 0)
+    # What Inductor emits for the same kernels after an edit upstream: every name shifted.
+    moved = tmp_path / "moved.jsonl"
+    lines = []
+    for row in rows:
+        name = f"{row['name']}_shifted"
+        lines.append(json.dumps({"name": name, "source": row["source"].replace(row["name"], name)}))
+    moved.write_text("\n".join(lines) + "\n")
+    second = warm_json(env, moved, tmp_path)
+    assert (second["hits"], second["remote"], second["local"]) == (len(rows), 0, 0)

@@ -40,7 +40,6 @@ def test_the_key_changes_with_every_component() -> None:
     base = job.key(toolchain, target)
     variants = [
         dataclasses.replace(job, source=job.source + "\n").key(toolchain, target),
-        dataclasses.replace(job, name="other").key(toolchain, target),
         dataclasses.replace(job, extra_config={"use_static_triton_launcher": False}).key(
             toolchain, target
         ),
@@ -89,4 +88,19 @@ def test_the_toolchain_memo_is_recomputed_when_a_file_changes(
     assert (
         json.loads((tmp_path / "cache" / "compileq" / "toolchain.json").read_text())["k"]["value"]
         == "value-2"
+    )
+
+
+def test_a_kernel_inductor_renumbered_keeps_its_key_and_its_body_does_not() -> None:
+    row = manifest_rows(FIXTURES / "dynamic_mlp.jsonl")[0]
+    job = TritonJob(row["name"], row["source"], {"use_static_triton_launcher": True})
+    target = Target("cuda", "90", 32)
+    toolchain = local_toolchain(target)
+    # An edit earlier in the model shifts Inductor's counter: same kernel, another name.
+    renamed = row["name"].rsplit("_", 1)[0] + "_99"
+    moved = TritonJob(renamed, row["source"].replace(row["name"], renamed), job.extra_config)
+    assert moved.key(toolchain, target) == job.key(toolchain, target)
+    body = row["source"].replace("xoffset = ", "xoffset = 1 + ", 1)
+    assert TritonJob(row["name"], body, job.extra_config).key(toolchain, target) != job.key(
+        toolchain, target
     )

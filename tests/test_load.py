@@ -1,8 +1,9 @@
 """Load: many client processes requesting overlapping kernels from four workers.
 
-Distinct kernels are made from the fixtures by renaming each one consistently inside its
-source (the name is part of the key and of the compiled code), so every unique key is a real
-compile. The full size of the issue (32 clients x 200 kernels) is `make load` (marked slow: 32
+Distinct kernels are made from the fixtures: each copy is renamed consistently inside its
+source and gets a comment of its own inside the kernel's body. compileq's key ignores a kernel's
+name (Inductor renumbers kernels), but the body is part of the key and of Triton's own cache
+key, so every unique key is a real compile. The full size of the issue (32 clients x 200 kernels) is `make load` (marked slow: 32
 processes importing torch need ~11 GiB and about two minutes of a 2-core machine); CI runs a
 smaller instance of the same test.
 """
@@ -33,7 +34,8 @@ WORKERS = 4
 
 
 def kernel_pool(copies: int) -> list[dict[str, str]]:
-    """``copies`` renamed copies of every fixture kernel: that many times 19 unique keys."""
+    """``copies`` copies of every fixture kernel, each its own kernel: that many times 19 unique
+    keys."""
     rows = [
         json.loads(line)
         for manifest in sorted(FIXTURES.glob("*.jsonl"))
@@ -47,6 +49,14 @@ def kernel_pool(copies: int) -> list[dict[str, str]]:
             # Every mention: the `def`, and inductor_meta's kernel_name.
             source, mentions = re.subn(rf"\b{re.escape(row['name'])}\b", new, row["source"])
             assert mentions >= 2, row["name"]
+            source, bodies = re.subn(
+                rf"^(def {re.escape(new)}\(.*?\):\n)",
+                rf"\g<1>    # load-test copy {copy}x{index}\n",
+                source,
+                count=1,
+                flags=re.MULTILINE | re.DOTALL,
+            )
+            assert bodies == 1, row["name"]
             pool.append({"name": new, "source": source})
     return pool
 

@@ -17,8 +17,10 @@ from compileq import keys
 from compileq.fingerprint import Target, Toolchain
 
 #: Bump when the payload format or key derivation changes: old entries then simply miss.
-FORMAT = 1
+FORMAT = 2
 TRITON = "triton"
+#: Stands in for the kernel's own name when its source is hashed (see ``TritonJob.source_sha``).
+_NAME = "\x00compileq:kernel-name\x00"
 
 
 @dataclass(frozen=True)
@@ -33,15 +35,30 @@ class TritonJob:
     def target(self) -> Target | None:
         return Target.from_source(self.source)
 
+    @functools.cached_property
+    def source_sha(self) -> str:
+        """sha256 of the source with the kernel's own name replaced by a placeholder.
+
+        Inductor names a kernel after its place in the graph (``triton_poi_fused_add_7``) and
+        writes that name into a source it generated with a placeholder; it dedupes kernels on
+        the placeholder form (``src_to_kernel`` in ``codegen/triton.py``). Keying that same
+        form means an edit early in a model, which renumbers every later kernel, does not
+        turn the later, unchanged kernels into misses. The rejected alternative, hashing the
+        name too, made 42 of 71 kernels of an edited convnet miss on the GPU. A kernel served
+        under another name keeps the name it was built with inside its cubin and launcher;
+        only profiler traces show that name.
+        """
+        canonical = self.source.replace(self.name, _NAME) if self.name else self.source
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
     def key(self, toolchain: Toolchain, target: Target) -> str:
-        """The artifact key: kind, source, name, config, target and toolchain, hashed."""
+        """The artifact key: kind, source (name-independent), config, target, toolchain."""
         material = {
             "kind": TRITON,
             "format": FORMAT,
             "toolchain": toolchain.digest,
             "target": str(target),
-            "name": self.name,
-            "source": hashlib.sha256(self.source.encode()).hexdigest(),
+            "source": self.source_sha,
             "config": self.extra_config,
         }
         blob = json.dumps(material, sort_keys=True, separators=(",", ":")).encode()
