@@ -201,3 +201,29 @@ def test_an_fx_job_key_covers_toolchain_target_env_and_graph_and_round_trips() -
     for bad in (b"no header", b'{"target": 1, "toolchain": "x"}\nbody'):
         with pytest.raises(ValueError):
             FxJob.from_bytes(bad)
+
+
+def test_a_graph_whose_job_is_over_the_cap_compiles_in_process_and_says_so_once(
+    env: Env, worker: Worker, tmp_path: Path
+) -> None:
+    before = stats(env, tmp_path)
+    proc = subprocess.run(
+        # 2 MB of weights and a compiled optimizer step: Inductor pickles that graph with the
+        # weights themselves, so its job is over a 1 MiB cap; the two others fit.
+        compileq_cmd("run", "--", sys.executable, str(TINY), "65536"),
+        env=env.vars(
+            COMPILEQ_MAX_ENTRY_BYTES=str(2**20),
+            TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
+            TRITON_CACHE_DIR=str(tmp_path / "triton"),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["matches_eager"] is True
+    after = stats(env, tmp_path)
+    assert after["fx_remote_compiles"] - before["fx_remote_compiles"] == 2  # forward, backward
+    assert after["fx_local_compiles"] - before["fx_local_compiles"] == 1  # the optimizer step
+    assert after["fallbacks"] - before["fallbacks"] == 1
+    assert proc.stderr.count("over the cap") == 1
