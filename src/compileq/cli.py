@@ -26,6 +26,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     settings.secret_bytes()
     archs = [a for a in (args.arch or "").split(",") if a.strip()]
     specs = supervisor.plan(args.gpus, args.cpu_only, archs, args.concurrency)
+    specs = supervisor.with_metrics(specs, args.metrics_port)
     return supervisor.run(settings, specs, loglevel=args.loglevel)
 
 
@@ -101,6 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cpu-only", action="store_true", help="cross-compile without a GPU")
     p.add_argument("--arch", help="with --cpu-only: targets to build for, e.g. sm_90,sm_80")
     p.add_argument("--concurrency", type=int, help="builds at once per worker process")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus metrics on this port (one port per worker process, counting up)",
+    )
     p.add_argument("--loglevel", default="INFO")
     p.set_defaults(func=cmd_worker)
 

@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu-only", action="store_true")
     parser.add_argument("--gpu", default=None)
     parser.add_argument("--loglevel", default="INFO")
+    parser.add_argument("--metrics-port", type=int, default=None)
     args = parser.parse_args(argv)
 
     from compileq.cache.store import RedisStore, redis_client
@@ -50,11 +51,16 @@ def main(argv: list[str] | None = None) -> int:
     toolchains = {t: local_toolchain(t) for t in targets}
     queues = [triton_queue(toolchains[t], t) for t in targets]
     client = redis_client(settings.redis_url, settings)
-    execute.configure(execute.WorkerContext(settings, RedisStore(client, settings), toolchains))
-    import compileq.tasks.compile  # noqa: F401  (registers the task with the app)
-
     host = socket.gethostname()
     worker_id = f"{host}:{args.name}:{os.getpid()}"
+    store = RedisStore(client, settings)
+    execute.configure(execute.WorkerContext(settings, store, toolchains, worker_id))
+    if args.metrics_port is not None:
+        from compileq.workers import metrics
+
+        metrics.serve(args.metrics_port)
+    import compileq.tasks.compile  # noqa: F401  (registers the task with the app)
+
     info: dict[str, Any] = {
         "host": host,
         "name": args.name,
@@ -63,9 +69,18 @@ def main(argv: list[str] | None = None) -> int:
         "concurrency": args.concurrency,
         "queues": queues,
         "toolchains": {str(t): tc.describe() for t, tc in toolchains.items()},
+        # What pinning really is: doctor checks each GPU worker sees exactly one device.
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "metrics_port": args.metrics_port,
     }
     heartbeat = Heartbeat(
-        client, worker_id, queues, info, settings.heartbeat_interval_s, settings.heartbeat_ttl_s
+        client,
+        worker_id,
+        queues,
+        info,
+        settings.heartbeat_interval_s,
+        settings.heartbeat_ttl_s,
+        secret=settings.secret_bytes(),
     )
     from celery import signals
 
