@@ -54,7 +54,7 @@ def resolve_key(client: redis.Redis, text: str) -> str:
     """An artifact key from a full key or its bare digest."""
     if text.startswith(keys.ARTIFACT):
         return text
-    found = [
+    found: list[str] = [
         k.decode()[len(keys.META) :]
         for k in client.scan_iter(match=f"{keys.META}{keys.ARTIFACT}*:{text}", count=1000)
     ]
@@ -157,7 +157,7 @@ def explain_toolchains(client: redis.Redis, selector: str, targets: list[Target]
     worker = find_worker(client, selector)
     published = worker.get("toolchains") or {}
     names = [str(t) for t in targets] or sorted(published)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in names:
         theirs = published.get(name)
         if theirs is None:
