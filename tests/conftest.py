@@ -116,12 +116,12 @@ def worker(env: Env, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worke
 
 @pytest.fixture
 def clean_cache(redis_server: RedisServer) -> redis.Redis:
-    """An empty cache (artifacts, leases, jobs, counters); workers' heartbeats are kept."""
+    """An empty cache (artifacts, leases, jobs, counters, records); workers' heartbeats are kept."""
     client = redis_server.client()
-    for pattern in (keys.ARTIFACT, keys.LOCK, keys.JOB):
+    for pattern in (keys.ARTIFACT, keys.LOCK, keys.JOB, keys.META, keys.SIBLINGS, keys.SLOW):
         for key in client.scan_iter(match=pattern + "*"):
             client.delete(key)
-    client.delete(keys.STATS)
+    client.delete(keys.STATS, keys.QUEUE_STATS, keys.MISSES)
     return client
 
 

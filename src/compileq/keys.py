@@ -34,6 +34,9 @@ WORKERS = f"{PREFIX}:workers:"
 WORKER_INFO = f"{PREFIX}:worker:"
 #: Pub/sub channel on which builds are announced (JSON ``{"key", "ok", "error"}``).
 DONE_CHANNEL = f"{PREFIX}:done"
+#: ``compileq doctor``'s short-lived write probes (cache Redis, then broker Redis).
+DOCTOR = f"{PREFIX}:doctor:"
+BROKER_DOCTOR = f"{PREFIX}:broker:doctor:"
 #: kombu's ``global_keyprefix``: the broker's queues and bookkeeping.
 BROKER = f"{PREFIX}:broker:"
 
