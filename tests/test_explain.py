@@ -5,15 +5,27 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import redis
 
 from compileq import keys
+from compileq.cache.stats import render, snapshot
+from compileq.cache.store import RedisStore
+from compileq.config import Settings
 from compileq.fingerprint import differences, flatten
+from compileq.ops import explain
 from compileq.tasks.probe import check_probe, make_probe
-from tests.conftest import FIXTURES, Env, Worker, manifest_rows, run_cli, stats, warm_json
+from tests.conftest import FIXTURES, Env, Worker, manifest_rows, run_cli, warm_json
 
 GPT = FIXTURES / "gpt_head.jsonl"
 FP_FUSION = "toolchain.codegen_env.TRITON_DEFAULT_FP_FUSION"
+
+
+def small_manifest(tmp: Path, k: int) -> Path:
+    """The first ``k`` kernels of GPT: the fewest builds that show the behaviour."""
+    path = tmp / f"first{k}.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in manifest_rows(GPT)[:k]))
+    return path
 
 
 def explain_json(env: Env, tmp: Path, *args: str, **more: str) -> object:
@@ -22,13 +34,15 @@ def explain_json(env: Env, tmp: Path, *args: str, **more: str) -> object:
 
 
 def test_stats_break_hits_down_per_queue_with_slowest_builds_and_live_workers(
-    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
+    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path, settings: Settings
 ) -> None:
-    names = {row["name"] for row in manifest_rows(GPT)}
+    manifest = small_manifest(tmp_path, 2)
+    names = {row["name"] for row in manifest_rows(manifest)}
     n = len(names)
-    warm_json(env, GPT, tmp_path / "cold")
-    warm_json(env, GPT, tmp_path / "warm")
-    values = stats(env, tmp_path)
+    warm_json(env, manifest, tmp_path / "cold")
+    warm_json(env, manifest, tmp_path / "warm")
+    proc = run_cli(env, "stats", "--json", "--reset", tmp=tmp_path)
+    values = json.loads(proc.stdout.strip().splitlines()[-1])
     assert (values["kernel_hits"], values["kernel_misses"]) == (n, n)
     assert values["kernel_hit_rate"] == 0.5
     (queue,) = [q for q, row in values["queues"].items() if "kernel_hits" in row]  # type: ignore[attr-defined]
@@ -41,23 +55,27 @@ def test_stats_break_hits_down_per_queue_with_slowest_builds_and_live_workers(
     assert {r["name"] for r in slowest} == names
     assert all(r["seconds"] > 0 and r["by"] == live["id"] for r in slowest)
 
-    text = run_cli(env, "stats", tmp=tmp_path).stdout
+    text = render(values)
     assert f"queue {queue}" in text and "slowest triton builds" in text
     assert f"kernels: {n} hits, {n} misses (hit rate 50.0%)" in text
 
-    run_cli(env, "stats", "--reset", tmp=tmp_path)
-    after = stats(env, tmp_path)
+    after = snapshot(RedisStore(clean_cache, settings))
     assert after["kernel_hits"] == 0 and after["slowest"] == {}
     assert "kernel_hits" not in after["queues"][queue]  # type: ignore[index]
     assert after["entries"] == n  # a reset zeroes counters, never entries
 
 
 def test_explain_names_the_triton_variable_that_made_a_run_miss(
-    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
+    env: Env,
+    worker: Worker,
+    clean_cache: redis.Redis,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    n = len(manifest_rows(GPT))
-    assert warm_json(env, GPT, tmp_path / "a")["remote"] == n
-    changed = warm_json(env, GPT, tmp_path / "b", TRITON_DEFAULT_FP_FUSION="0")
+    n = 2
+    manifest = small_manifest(tmp_path, n)
+    assert warm_json(env, manifest, tmp_path / "a")["remote"] == n
+    changed = warm_json(env, manifest, tmp_path / "b", TRITON_DEFAULT_FP_FUSION="0")
     assert changed["hits"] == 0  # every kernel missed
 
     misses = explain_json(env, tmp_path, "--last-misses", str(n))
@@ -67,30 +85,30 @@ def test_explain_names_the_triton_variable_that_made_a_run_miss(
         # Exactly the one setting that changed, with both values.
         assert miss["differences"] == [{"component": FP_FUSION, "miss": "0", "stored": None}]
 
-    # The same answer from a stored entry, against this machine with the variable set ...
-    stored = misses[0]["nearest"]
-    here = explain_json(env, tmp_path, stored, "--diff", TRITON_DEFAULT_FP_FUSION="0")
-    assert isinstance(here, dict)
+    text = run_cli(env, "explain", "--last-misses", "1", tmp=tmp_path).stdout
+    assert f"differs in {FP_FUSION}: miss '0', stored None" in text
+
+    # The same answer from a stored entry against this machine with the variable set, and
+    # from this machine's toolchain against the live worker's (in this process: the CLI's
+    # functions, without paying another torch import in a subprocess).
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")
+    here = explain.explain_key(clean_cache, misses[0]["nearest"], "here")
     assert [d["component"] for d in here["differences"]] == [FP_FUSION]
     assert here["components"]["target"] == "cuda-90-w32"
     assert here["components"]["toolchain.torch_version"]
-    # ... and from this machine's toolchain against the live worker's.
-    against = explain_json(env, tmp_path, "--diff", "cpu", TRITON_DEFAULT_FP_FUSION="0")
-    assert isinstance(against, dict)
+    against = explain.explain_toolchains(clean_cache, "cpu", [])
     (target,) = against["targets"]
     assert [d["component"] for d in target["differences"]] == [FP_FUSION]
-
-    text = run_cli(env, "explain", "--last-misses", "1", tmp=tmp_path).stdout
-    assert f"differs in {FP_FUSION}: miss '0', stored None" in text
 
 
 def test_explain_names_the_inductor_config_flag_that_made_a_run_miss(
     env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
 ) -> None:
-    n = len(manifest_rows(GPT))
-    warm_json(env, GPT, tmp_path / "a")
+    n = 2
+    manifest = small_manifest(tmp_path, n)
+    warm_json(env, manifest, tmp_path / "a")
     # Same toolchain, so the worker builds these too; only Inductor's extra_config differs.
-    changed = warm_json(env, GPT, tmp_path / "b", TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER="0")
+    changed = warm_json(env, manifest, tmp_path / "b", TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER="0")
     assert (changed["hits"], changed["remote"]) == (0, n)
     misses = explain_json(env, tmp_path, "--last-misses", str(n))
     assert isinstance(misses, list)
