@@ -190,16 +190,13 @@ def explain_last_misses(client: redis.Redis, n: int) -> list[dict[str, Any]]:
             "nearest": None,
             "differences": [],
         }
-        siblings = [
-            k
-            for k in meta.sibling_keys(
-                client,
-                str(material.get("kind")),
-                str(material.get("name")),
-                str(material.get("source")),
-            )
-            if k != miss.get("key")
-        ]
+        stored = meta.sibling_keys(
+            client,
+            str(material.get("kind")),
+            str(material.get("name")),
+            str(material.get("source")),
+        )
+        siblings = [k for k in stored if k != miss.get("key")]
         best: tuple[int, str, list[dict[str, Any]]] | None = None
         for key, record in zip(siblings, meta.read_meta(client, siblings), strict=True):
             if record is None:
@@ -209,8 +206,11 @@ def explain_last_misses(client: redis.Redis, n: int) -> list[dict[str, Any]]:
                 best = (len(diff), key, diff)
         if best is None:
             row["reason"] = (
-                "no stored entry of this kernel (name and source): it was never built with "
-                "any settings, or its entries expired"
+                "a first build: no other entry of this kernel (name and source) is stored; it "
+                "is stored now under the key it missed"
+                if miss.get("key") in stored
+                else "no entry of this kernel (name and source) is stored with any settings: "
+                "never built, expired or evicted"
             )
         else:
             row["nearest"], row["differences"] = best[1], best[2]

@@ -71,7 +71,8 @@ class Progress:
                 self._started = time.monotonic()
         if first:
             self._begin()
-        self._changed.set()
+        if self._thread is not None:  # only a terminal has a reader; skip the wake-up otherwise
+            self._changed.set()
 
     def graph(self, hit: bool) -> None:
         with self._lock:
@@ -82,7 +83,8 @@ class Progress:
                 self._started = time.monotonic()
         if first:
             self._begin()
-        self._changed.set()
+        if self._thread is not None:  # only a terminal has a reader; skip the wake-up otherwise
+            self._changed.set()
 
     def snapshot(self) -> Tally:
         with self._lock:
