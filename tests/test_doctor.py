@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from compileq.localstack import free_port, start_redis, stop
+from compileq.ops import doctor as doctor_checks
 from tests.conftest import SECRET, Env, RedisServer, Worker, run_cli, start_worker, stop_worker
 
 
@@ -89,3 +90,34 @@ def test_doctor_tells_cache_and_broker_redis_apart_and_catches_a_missing_passwor
         assert checks["workers"]["status"] == "FAIL"  # reachable now, but nobody serves it
     finally:
         stop(locked.process)
+
+
+def gpu_worker(wid: str, host: str, visible: str | None) -> dict[str, Any]:
+    return {"id": wid, "host": host, "cpu_only": False, "cuda_visible_devices": visible}
+
+
+def test_gpu_pinning_fails_for_shared_or_unpinned_gpus_and_passes_one_gpu_each() -> None:
+    # What GPU workers publish with their heartbeat (no GPU on CI to start real ones).
+    sound = [gpu_worker("a:gpu0:1", "a", "0"), gpu_worker("a:gpu1:2", "a", "1")]
+    assert doctor_checks._pinning_check(sound).status == "ok"
+    shared = [*sound, gpu_worker("a:gpu0:3", "a", "0"), gpu_worker("b:gpu0:4", "b", "0")]
+    check = doctor_checks._pinning_check(shared)
+    assert check.status == "FAIL" and "a:gpu0:1, a:gpu0:3 on a are all pinned to GPU 0" in (
+        check.detail
+    )
+    assert "b:gpu0:4" not in check.detail  # another host's GPU 0 is another GPU
+    unpinned = doctor_checks._pinning_check([gpu_worker("c:gpu0:5", "c", None)])
+    assert unpinned.status == "FAIL" and "not one GPU" in unpinned.detail
+
+
+def test_clock_skew_of_a_worker_is_measured_against_redis_time(
+    redis_server: RedisServer,
+) -> None:
+    client = redis_server.client()
+    seconds, micros = client.time()
+    now = seconds + micros / 1e6
+    ahead = {"id": "w:cpu:1", "wall": now + 90.0, "beat": now}
+    check = doctor_checks._clock_check(client, [ahead])
+    assert check.status == "FAIL" and "worst w:cpu:1 +90.0" in check.detail
+    check = doctor_checks._clock_check(client, [{**ahead, "wall": now + 0.01}])
+    assert check.status == "ok"
