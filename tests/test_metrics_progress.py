@@ -160,8 +160,8 @@ def test_on_a_terminal_the_client_shows_one_live_line_then_the_summary(
     terminal = b"".join(chunks).decode(errors="replace")
     assert proc.returncode == 0, terminal[-3000:]
     # Redrawn in place (carriage return, clear line), never a scrolling list of lines.
-    live = re.findall(r"\r\x1b\[Kcompileq: (\d+) kernels", terminal)
-    assert live and all(0 < int(k) <= n for k in live)
+    live = re.findall(r"\r\x1b\[Kcompileq: (\d+)/(\d+) kernels", terminal)
+    assert live and all(0 <= int(done) <= int(of) == n for done, of in live)
     assert "\r\x1b[K" in terminal.split("compileq compileq:")[0]  # cleared before the summary
     assert SUMMARY.findall(terminal) == [(str(n), "0", str(n), "0")]
     assert f"{n} kernels: 0 hits, {n} built remotely" in stdout

@@ -123,6 +123,7 @@ class KernelClient:
                     new.append(flight)
                 futures.append(flight.future)
         if new:
+            progress.start(len(new))
             self._dispatch(new)
         return futures
 

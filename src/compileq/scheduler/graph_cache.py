@@ -52,6 +52,8 @@ class _StoreBackend(RemoteCacheBackend[bytes]):  # type: ignore[misc]
         if _store is None:
             return None
         name = self._key(key)
+        if self.kind == "fx":
+            progress.start()
         try:
             entry = _store.get_many([name])[0]
             if entry is None and self.single_flight and _leases is not None:

@@ -30,11 +30,11 @@ class Tally:
     local: int = 0
     graphs: int = 0
     graph_hits: int = 0
+    submitted: int = 0
 
-    def line(self) -> str:
-        text = (
-            f"{self.kernels} kernels ({self.hits} hits, {self.remote} remote, {self.local} local)"
-        )
+    def line(self, live: bool = False) -> str:
+        done = f"{self.kernels}/{self.submitted}" if live and self.submitted else str(self.kernels)
+        text = f"{done} kernels ({self.hits} hits, {self.remote} remote, {self.local} local)"
         if self.graphs:
             text += f", {self.graphs} graphs ({self.graph_hits} hits)"
         return text
@@ -54,6 +54,19 @@ class Progress:
         self._out = threading.Lock()  # a draw and the final clear never interleave
 
     # -- counting (hot) ---------------------------------------------------------------------
+
+    def start(self, kernels: int = 0) -> None:
+        """Work begins: ``kernels`` submitted (or a graph looked up). The summary's time runs
+        from the first start, not from the first result."""
+        with self._lock:
+            self._tally.submitted += kernels
+            first = self._started is None
+            if first:
+                self._started = time.monotonic()
+        if first:
+            self._begin()
+        if self._thread is not None:
+            self._changed.set()
 
     def kernel(self, outcome: str) -> None:
         """``outcome`` is ``hit``, ``remote`` or ``local`` (``client.Outcome`` values)."""
@@ -118,7 +131,7 @@ class Progress:
         out = self._terminal()
         if out is None or os.getpid() != self._pid:
             return
-        line = f"\r\x1b[Kcompileq: {self.snapshot().line()}"
+        line = f"\r\x1b[Kcompileq: {self.snapshot().line(live=True)}"
         with self._out:
             if self._finished:
                 return
