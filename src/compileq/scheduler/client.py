@@ -224,9 +224,7 @@ class KernelClient:
         except Exception as e:  # kombu raises its own OperationalError family
             unsent = flights[len(sent) :]
             warn_once("broker", "compileq: cannot reach the broker (%s); compiling locally", e)
-            self._store.count(
-                {Counter.FALLBACKS: len(unsent)}, _per_queue(unsent, [], unsent, hits=False)
-            )
+            self._store.count({Counter.FALLBACKS: len(unsent)}, _per_queue([], [], unsent))
             self._build_locally(unsent)
 
     # -- local builds -------------------------------------------------------------------------
@@ -376,9 +374,7 @@ class KernelClient:
                 "compileq: remote builds missed the %.0fs deadline; compiling locally",
                 self._settings.deadline_s,
             )
-            self._store.count(
-                {Counter.FALLBACKS: len(late)}, _per_queue(late, [], late, hits=False)
-            )
+            self._store.count({Counter.FALLBACKS: len(late)}, _per_queue([], [], late))
             self._build_locally(late)
 
     # -- endings ------------------------------------------------------------------------------
@@ -412,18 +408,17 @@ class KernelClient:
 
 
 def _per_queue(
-    flights: list[_Flight], misses: list[_Flight], fallbacks: list[_Flight], hits: bool = True
+    looked_up: list[_Flight], misses: list[_Flight], fallbacks: list[_Flight]
 ) -> dict[str, dict[Counter, int]]:
-    """Per-queue tallies of a batch: what ``compileq stats`` shows per toolchain and target."""
+    """Per-queue tallies of a batch: what ``compileq stats`` shows per toolchain and target.
+    ``misses`` is a subset of ``looked_up``; the rest of ``looked_up`` were hits."""
     out: dict[str, dict[Counter, int]] = {}
-    if hits:
-        for f in flights:
-            tally = out.setdefault(f.queue, {Counter.KERNEL_HITS: 0})
-            tally[Counter.KERNEL_HITS] += 1
-        for f in misses:
-            tally = out[f.queue]
-            tally[Counter.KERNEL_HITS] -= 1
-            tally[Counter.KERNEL_MISSES] = tally.get(Counter.KERNEL_MISSES, 0) + 1
+    for f in looked_up:
+        tally = out.setdefault(f.queue, {Counter.KERNEL_HITS: 0, Counter.KERNEL_MISSES: 0})
+        tally[Counter.KERNEL_HITS] += 1
+    for f in misses:
+        out[f.queue][Counter.KERNEL_HITS] -= 1
+        out[f.queue][Counter.KERNEL_MISSES] += 1
     for f in fallbacks:
         tally = out.setdefault(f.queue, {})
         tally[Counter.FALLBACKS] = tally.get(Counter.FALLBACKS, 0) + 1
