@@ -9,6 +9,7 @@ import pytest
 import redis
 
 from compileq import keys
+from compileq.cache import meta
 from compileq.cache.stats import render, snapshot
 from compileq.cache.store import RedisStore
 from compileq.config import Settings
@@ -136,3 +137,25 @@ def test_a_probe_verifies_only_under_the_secret_and_id_it_was_signed_with() -> N
     assert not check_probe(b"s1", "host:gpu1:1", probe)
     assert not check_probe(b"s1", "host:gpu0:1", {**probe, "wall": probe["wall"] + 1})
     assert not check_probe(b"s1", "host:gpu0:1", None)
+
+
+def test_a_graph_entry_records_its_toolchain_and_build_time_for_stats_and_explain(
+    clean_cache: redis.Redis, settings: Settings
+) -> None:
+    from compileq.scheduler import graph_cache
+
+    graph_cache.enable(RedisStore(clean_cache, settings), deadline_s=5)
+    try:
+        # What Inductor calls on its remote FX cache: a miss, then the put after codegen.
+        backend = graph_cache.FxGraphBackend()
+        assert backend._get("fxgraph-example-key") is None
+        backend._put("fxgraph-example-key", b"generated graph")
+    finally:
+        graph_cache.disable()
+    name = backend._key("fxgraph-example-key")
+    info = explain.explain_key(clean_cache, name)
+    assert info["components"]["inductor_key"] == "fxgraph-example-key"
+    assert info["components"]["toolchain.torch_version"]
+    assert "cannot say which part of the graph changed" in info["note"]
+    (slow,) = meta.slowest(clean_cache, "fx", 10)
+    assert slow["key"] == name and slow["seconds"] >= 0
