@@ -93,6 +93,7 @@ def compileq_cmd(*args: str) -> list[str]:
 class Worker:
     process: subprocess.Popen[bytes]
     log: Path
+    metrics_port: int | None = None
 
 
 def start_worker(env: Env, logdir: Path, *args: str) -> Worker:
@@ -109,7 +110,10 @@ def stop_worker(worker: Worker) -> None:
 
 @pytest.fixture(scope="session")
 def worker(env: Env, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
-    w = start_worker(env, tmp_path_factory.mktemp("worker"))
+    # With a metrics endpoint: a test scrapes it instead of paying for a worker of its own.
+    port = localstack.free_port()
+    w = start_worker(env, tmp_path_factory.mktemp("worker"), "--metrics-port", str(port))
+    w.metrics_port = port
     yield w
     stop_worker(w)
 

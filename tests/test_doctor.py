@@ -81,13 +81,9 @@ def test_doctor_tells_cache_and_broker_redis_apart_and_catches_a_missing_passwor
         code, checks, output = doctor(Env(locked.url(0), env.home), tmp_path)
         assert code == 1 and checks["cache redis"]["status"] == "FAIL"
         assert "pw-of-the-cluster" not in output
+        assert "password" in checks["cache redis"]["hint"]
         # Nothing that needs Redis is judged: it would only repeat the first failure.
         assert checks["workers"]["status"] == "warn"
-        code, checks, _ = doctor(
-            Env(f"redis://:pw-of-the-cluster@127.0.0.1:{locked.port}/0", env.home), tmp_path
-        )
-        assert checks["cache redis"]["status"] == "ok"
-        assert checks["workers"]["status"] == "FAIL"  # reachable now, but nobody serves it
     finally:
         stop(locked.process)
 

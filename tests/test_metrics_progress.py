@@ -15,18 +15,13 @@ import redis
 
 from compileq import keys
 from compileq.config import Settings
-from compileq.localstack import free_port
 from compileq.tasks.app import COMPILE_TRITON, client_app
 from tests.conftest import (
     FIXTURES,
-    SECRET,
     Env,
-    RedisServer,
     Worker,
     compileq_cmd,
     manifest_rows,
-    start_worker,
-    stop_worker,
     warm_json,
 )
 
@@ -57,42 +52,42 @@ def sample(samples: dict[str, float], name: str, **labels: str) -> float:
 
 
 def test_a_worker_exposes_build_counts_and_latencies_from_its_pool_processes(
-    redis_server: RedisServer, env: Env, tmp_path: Path
+    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path, settings: Settings
 ) -> None:
-    redis_server.client(8).flushdb()
-    cluster = Env(redis_server.url(8), env.home)
-    port = free_port()
-    worker = start_worker(cluster, tmp_path, "--metrics-port", str(port))
-    try:
-        n = len(manifest_rows(GPT))
-        assert warm_json(cluster, GPT, tmp_path / "a")["remote"] == n
-        client = redis_server.client(8)
-        (queue,) = [k.decode()[len(keys.WORKERS) :] for k in client.scan_iter(keys.WORKERS + "*")]
-        # An entry already present (a duplicate delivery) and a malformed message.
-        settings = Settings(redis_url=cluster.redis_url, secret=SECRET)
-        sender = client_app(settings)
-        present = next(client.scan_iter(match=keys.ARTIFACT + "*")).decode()
-        sender.send_task(COMPILE_TRITON, args=[present], queue=queue)
-        sender.send_task(COMPILE_TRITON, args=["not-a-key"], queue=queue)
-        labels = {"kind": "triton", "queue": queue}
-        deadline = time.monotonic() + 60
-        while True:
-            samples = scrape(port)
-            done = sample(samples, "compileq_worker_tasks_total", **labels, outcome="rejected")
-            if done >= 1 and sample(samples, "compileq_worker_tasks_total", outcome="cached"):
-                break
-            assert time.monotonic() < deadline, samples
-            time.sleep(0.3)
-        built = {**labels, "outcome": "built"}
-        # Counted in the pool's child processes, summed by the parent's endpoint.
-        assert sample(samples, "compileq_worker_tasks_total", **built) == n
-        assert sample(samples, "compileq_worker_task_seconds_count", **built) == n
-        assert sample(samples, "compileq_worker_task_seconds_sum", **built) > 0
-        assert sample(samples, "compileq_worker_task_seconds_bucket", **built, le="+Inf") == n
-        assert sample(samples, "compileq_worker_tasks_total", **labels, outcome="cached") == 1
-        assert sample(samples, "compileq_worker_tasks_total", outcome="failed") == 0
-    finally:
-        stop_worker(worker)
+    port = worker.metrics_port
+    assert port is not None
+    n = len(manifest_rows(GPT))
+    (queue,) = [k.decode()[len(keys.WORKERS) :] for k in clean_cache.scan_iter(keys.WORKERS + "*")]
+    labels = {"kind": "triton", "queue": queue}
+    built = {**labels, "outcome": "built"}
+    # The session's worker has served other tests: compare against what it showed before.
+    before = scrape(port)
+    assert warm_json(env, GPT, tmp_path)["remote"] == n
+    # An entry already present (a duplicate delivery) and a malformed message.
+    sender = client_app(settings)
+    present = next(clean_cache.scan_iter(match=keys.ARTIFACT + "*")).decode()
+    sender.send_task(COMPILE_TRITON, args=[present], queue=queue)
+    sender.send_task(COMPILE_TRITON, args=["not-a-key"], queue=queue)
+
+    def delta(name: str, **wanted: str) -> float:
+        return sample(after, name, **wanted) - sample(before, name, **wanted)
+
+    deadline = time.monotonic() + 60
+    while True:
+        after = scrape(port)
+        if delta("compileq_worker_tasks_total", **labels, outcome="rejected") >= 1 and delta(
+            "compileq_worker_tasks_total", **labels, outcome="cached"
+        ):
+            break
+        assert time.monotonic() < deadline, after
+        time.sleep(0.3)
+    # Counted in the pool's child processes, summed by the parent's endpoint.
+    assert delta("compileq_worker_tasks_total", **built) == n
+    assert delta("compileq_worker_task_seconds_count", **built) == n
+    assert delta("compileq_worker_task_seconds_sum", **built) > 0
+    assert delta("compileq_worker_task_seconds_bucket", **built, le="+Inf") == n
+    assert delta("compileq_worker_tasks_total", **labels, outcome="cached") == 1
+    assert delta("compileq_worker_tasks_total", outcome="failed") == 0
 
 
 def warm_argv() -> list[str]:
