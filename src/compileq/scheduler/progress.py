@@ -126,6 +126,26 @@ class Progress:
             self._changed.clear()
             self._draw()
             time.sleep(_REFRESH_S)
+            if not self._changed.is_set():
+                t = self.snapshot()
+                if t.kernels >= t.submitted:
+                    # Nothing in flight: take the line away, or the program's own output
+                    # would be written after it on the same terminal line.
+                    self._clear()
+
+    def _clear(self) -> None:
+        with self._out:
+            self._clear_locked()
+
+    def _clear_locked(self) -> None:
+        out = self._terminal()
+        if self._shown and out is not None:
+            try:
+                out.write("\r\x1b[K")
+                out.flush()
+            except (OSError, ValueError):
+                pass
+            self._shown = False
 
     def _draw(self) -> None:
         out = self._terminal()
@@ -147,16 +167,10 @@ class Progress:
         ``compileq warm`` calls it before printing its report)."""
         if os.getpid() != self._pid:  # a forked child inherited the handler, not the work
             return
-        with self._out:
+        with self._out:  # no draw can come between the clear and the summary
             started, done = self._started, self._finished
             self._finished = True
-            out = self._terminal()
-            if not done and self._shown and out is not None:
-                try:
-                    out.write("\r\x1b[K")
-                    out.flush()
-                except (OSError, ValueError):
-                    pass
+            self._clear_locked()
         if started is None or done:
             return
         log.info("compileq: %s in %.1fs", self.snapshot().line(), time.monotonic() - started)
