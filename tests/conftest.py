@@ -96,6 +96,7 @@ def compileq_cmd(*args: str) -> list[str]:
 class Worker:
     process: subprocess.Popen[bytes]
     log: Path
+    metrics_port: int | None = None
 
 
 def start_worker(env: Env, logdir: Path, *args: str) -> Worker:
@@ -112,22 +113,25 @@ def stop_worker(worker: Worker) -> None:
 
 @pytest.fixture(scope="session")
 def worker(env: Env, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
-    w = start_worker(env, tmp_path_factory.mktemp("worker"))
+    # With a metrics endpoint: a test scrapes it instead of paying for a worker of its own.
+    port = localstack.free_port()
+    w = start_worker(env, tmp_path_factory.mktemp("worker"), "--metrics-port", str(port))
+    w.metrics_port = port
     yield w
     stop_worker(w)
 
 
 def wipe_cache(client: redis.Redis) -> None:
-    """Drop artifacts, leases, jobs and counters; workers' heartbeats are kept."""
-    for pattern in (keys.ARTIFACT, keys.LOCK, keys.JOB):
+    """Drop artifacts, leases, jobs, counters and records; workers' heartbeats are kept."""
+    for pattern in (keys.ARTIFACT, keys.LOCK, keys.JOB, keys.META, keys.SIBLINGS, keys.SLOW):
         for key in client.scan_iter(match=pattern + "*"):
             client.delete(key)
-    client.delete(keys.STATS)
+    client.delete(keys.STATS, keys.QUEUE_STATS, keys.MISSES)
 
 
 @pytest.fixture
 def clean_cache(redis_server: RedisServer) -> redis.Redis:
-    """An empty cache (artifacts, leases, jobs, counters); workers' heartbeats are kept."""
+    """An empty cache (artifacts, leases, jobs, counters, records); workers' heartbeats are kept."""
     client = redis_server.client()
     wipe_cache(client)
     return client

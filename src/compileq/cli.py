@@ -7,9 +7,13 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from compileq.config import Settings
 from compileq.errors import CompileqError
+
+if TYPE_CHECKING:
+    from compileq.fingerprint import Target
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -26,6 +30,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     settings.secret_bytes()
     archs = [a for a in (args.arch or "").split(",") if a.strip()]
     specs = supervisor.plan(args.gpus, args.cpu_only, archs, args.concurrency)
+    specs = supervisor.with_metrics(specs, args.metrics_port)
     return supervisor.run(settings, specs, loglevel=args.loglevel)
 
 
@@ -90,6 +95,46 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def _targets(arch: str | None) -> list[Target] | None:
+    from compileq.fingerprint import Target
+
+    return [Target.parse(a) for a in (arch or "").split(",") if a.strip()] or None
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from compileq.ops import doctor
+
+    checks = doctor.run(_settings(args), _targets(args.arch))
+    print(json.dumps(doctor.report(checks)) if args.json else doctor.render(checks))
+    return 0 if doctor.report(checks)["ok"] else 1
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from compileq.cache.store import redis_client
+    from compileq.ops import explain
+
+    settings = _settings(args)
+    client = redis_client(settings.redis_url, settings)
+    result: Any
+    if args.last_misses is not None:
+        result = explain.explain_last_misses(client, args.last_misses)
+        text = explain.render_misses(result)
+    elif args.key:
+        result = explain.explain_key(client, args.key, args.diff)
+        text = explain.render_key(result)
+    elif args.diff and args.diff != "here":
+        result = explain.explain_toolchains(client, args.diff, _targets(args.arch) or [])
+        text = explain.render_toolchains(result)
+    else:
+        print(
+            "compileq: error: explain needs a KEY, --last-misses [N] or --diff WORKER",
+            file=sys.stderr,
+        )
+        return 2
+    print(json.dumps(result, default=str) if args.json else text)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="compileq", description=__doc__)
     parser.add_argument("--version", action="version", version=_version())
@@ -104,6 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cpu-only", action="store_true", help="cross-compile without a GPU")
     p.add_argument("--arch", help="with --cpu-only: targets to build for, e.g. sm_90,sm_80")
     p.add_argument("--concurrency", type=int, help="builds at once per worker process")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus metrics on this port (one port per worker process, counting up)",
+    )
     p.add_argument("--loglevel", default="INFO")
     p.set_defaults(func=cmd_worker)
 
@@ -138,6 +188,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--reset", action="store_true", help="zero the counters after showing them")
     p.set_defaults(func=cmd_stats)
+
+    p = sub.add_parser("doctor", help="check this machine and the cluster, with fix hints")
+    common(p)
+    p.add_argument("--arch", help="targets to check workers for, e.g. sm_90 (default: GPUs here)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_doctor)
+
+    p = sub.add_parser("explain", help="show what went into a key and what made a miss")
+    common(p)
+    p.add_argument("key", nargs="?", help="an artifact key (compileq:a:triton:...) or its digest")
+    p.add_argument(
+        "--diff",
+        nargs="?",
+        const="here",
+        metavar="AGAINST",
+        help="compare with this machine (default), a live worker (id, name or host) or a key",
+    )
+    p.add_argument(
+        "--last-misses",
+        nargs="?",
+        type=int,
+        const=20,
+        metavar="N",
+        help="explain the last N kernel misses (default 20) by their nearest stored sibling",
+    )
+    p.add_argument("--arch", help="with --diff WORKER and no key: targets to compare")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_explain)
     return parser
 
 

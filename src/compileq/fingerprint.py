@@ -15,7 +15,7 @@ import json
 import os
 import re
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -100,6 +100,32 @@ class Toolchain:
 
     def describe(self) -> dict[str, Any]:
         return {**asdict(self), "codegen_env": dict(self.codegen_env), "digest": self.digest}
+
+
+def flatten(value: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as one level of dotted names: ``{"codegen_env": {"TRITON_X": "1"}}`` becomes
+    ``{"codegen_env.TRITON_X": "1"}``, so a difference names the variable, not the whole env."""
+    out: dict[str, Any] = {}
+    for name, item in value.items():
+        if isinstance(item, Mapping):
+            out.update(flatten(item, f"{prefix}{name}."))
+        else:
+            out[f"{prefix}{name}"] = item
+    return out
+
+
+def differences(mine: Mapping[str, Any], theirs: Mapping[str, Any]) -> list[str]:
+    """Names whose values differ between two descriptions (a name one side lacks counts).
+
+    Digests are left out: one differs whenever any component does, so naming it says nothing.
+    The one comparison behind routing warnings, ``compileq doctor`` and ``compileq explain``.
+    """
+    names = [*mine, *(n for n in theirs if n not in mine)]
+    return [
+        n
+        for n in names
+        if n != "digest" and not n.endswith(".digest") and mine.get(n) != theirs.get(n)
+    ]
 
 
 def codegen_env(environ: dict[str, str] | None = None) -> tuple[tuple[str, str], ...]:
@@ -306,3 +332,19 @@ def local_fx_toolchain(gpu: Target | None) -> FxToolchain:
         machine=platform.machine(),
         kernels="" if gpu is None else local_toolchain(gpu).digest,
     )
+
+
+def host_identity() -> dict[str, Any]:
+    """The target-free part of this machine's toolchain, recorded next to graph entries.
+
+    Graphs (FX, AOTAutograd) are keyed by Inductor's own hash; this is the context
+    ``compileq explain`` can show for them. Triton may be missing on a CPU-only client.
+    """
+    torch_version, tkey = torch_identity()
+    identity: dict[str, Any] = {"torch_version": torch_version, "torch_key": tkey}
+    try:
+        identity["triton_version"], identity["triton_key"] = _triton_identity()
+    except ImportError:
+        identity["triton_version"] = identity["triton_key"] = None
+    identity["codegen_env"] = dict(codegen_env())
+    return identity

@@ -17,12 +17,26 @@ LOCK = f"{PREFIX}:lock:"
 JOB = f"{PREFIX}:job:"
 #: Cluster-wide counters (one hash).
 STATS = f"{PREFIX}:stats"
+#: Per-queue counters, one hash whose fields are ``<queue>|<counter>`` (one key to read or reset).
+QUEUE_STATS = f"{PREFIX}:stats:queues"
+#: Slowest builds per kind, a capped sorted set scored by seconds: ``compileq:slow:<kind>``.
+SLOW = f"{PREFIX}:slow:"
+#: The key material an entry was built from (JSON): ``compileq:meta:<artifact key>``.
+META = f"{PREFIX}:meta:"
+#: Entries of one kernel (name + source hash) across toolchains and configs, a set of artifact
+#: keys: ``compileq:siblings:<kind>:<name>:<source sha256>``; explain finds a miss's neighbour here.
+SIBLINGS = f"{PREFIX}:siblings:"
+#: The last kernel misses' key material (JSON), newest first, capped.
+MISSES = f"{PREFIX}:misses"
 #: Live workers per queue: sorted set of worker ids scored by Redis server time.
 WORKERS = f"{PREFIX}:workers:"
 #: One worker's description (JSON, expiring with its heartbeat): ``compileq:worker:<id>``.
 WORKER_INFO = f"{PREFIX}:worker:"
 #: Pub/sub channel on which builds are announced (JSON ``{"key", "ok", "error"}``).
 DONE_CHANNEL = f"{PREFIX}:done"
+#: ``compileq doctor``'s short-lived write probes (cache Redis, then broker Redis).
+DOCTOR = f"{PREFIX}:doctor:"
+BROKER_DOCTOR = f"{PREFIX}:broker:doctor:"
 #: kombu's ``global_keyprefix``: the broker's queues and bookkeeping.
 BROKER = f"{PREFIX}:broker:"
 
@@ -50,3 +64,15 @@ def workers(queue: str) -> str:
 
 def worker_info(worker_id: str) -> str:
     return WORKER_INFO + worker_id
+
+
+def slow(kind: str) -> str:
+    return SLOW + kind
+
+
+def meta(key: str) -> str:
+    return META + key
+
+
+def siblings(kind: str, source_sha: str) -> str:
+    return f"{SIBLINGS}{kind}:{source_sha}"

@@ -39,6 +39,39 @@ def incr(pipe: redis.Redis | Any, counts: dict[Counter, int]) -> None:
             pipe.hincrby(keys.STATS, counter.value, n)
 
 
+#: Counters also kept per queue (per toolchain and target): what ``compileq stats`` breaks down.
+PER_QUEUE = (
+    Counter.KERNEL_HITS,
+    Counter.KERNEL_MISSES,
+    Counter.KERNEL_REMOTE_COMPILES,
+    Counter.KERNEL_LOCAL_COMPILES,
+    Counter.KERNEL_REMOTE_FAILURES,
+    Counter.FALLBACKS,
+)
+
+
+def incr_queues(pipe: redis.Redis | Any, counts: dict[str, dict[Counter, int]]) -> None:
+    """Queue per-queue increments on the same pipeline as :func:`incr` (no extra round trip).
+
+    One hash with ``<queue>|<counter>`` fields rather than a hash per queue: reading and
+    resetting them is then one command, not a SCAN over queue names.
+    """
+    for queue, per in counts.items():
+        for counter, n in per.items():
+            if n:
+                pipe.hincrby(keys.QUEUE_STATS, f"{queue}|{counter.value}", n)
+
+
+def read_queue_counters(client: redis.Redis) -> dict[str, dict[str, int]]:
+    raw = cast("dict[bytes, bytes]", client.hgetall(keys.QUEUE_STATS))
+    out: dict[str, dict[str, int]] = {}
+    for field, value in raw.items():
+        queue, _, name = field.decode().rpartition("|")
+        if queue:
+            out.setdefault(queue, {c.value: 0 for c in PER_QUEUE})[name] = int(value)
+    return out
+
+
 def read_counters(client: redis.Redis) -> dict[str, int]:
     raw = cast("dict[bytes, bytes]", client.hgetall(keys.STATS))
     values = {c.value: 0 for c in Counter}
@@ -47,4 +80,6 @@ def read_counters(client: redis.Redis) -> dict[str, int]:
 
 
 def reset_counters(client: redis.Redis) -> None:
-    client.delete(keys.STATS)
+    """Zero the counters, per-queue counters and the slowest-builds lists."""
+    slow = list(client.scan_iter(match=keys.SLOW + "*", count=1000))
+    client.delete(keys.STATS, keys.QUEUE_STATS, *slow)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import redis
 from redis.backoff import NoBackoff
@@ -13,7 +13,7 @@ from redis.retry import Retry
 
 from compileq import keys
 from compileq._log import log, warn_once
-from compileq.cache.counters import Counter, incr
+from compileq.cache.counters import Counter, incr, incr_queues
 from compileq.cache.envelope import decompress, seal, verify
 from compileq.config import Settings
 from compileq.errors import EntryTooLarge, ForeignSecret, IntegrityError
@@ -132,10 +132,24 @@ class RedisStore(Store):
         # reader sees a half-replaced value on a replica).
         return bool(self.client.set(key, blob, nx=True, ex=self._ttl))
 
-    def count(self, counts: dict[Counter, int]) -> None:
-        if any(counts.values()):
+    @property
+    def ttl_s(self) -> int | None:
+        return self._ttl
+
+    def count(
+        self,
+        counts: dict[Counter, int],
+        per_queue: dict[str, dict[Counter, int]] | None = None,
+        records: Sequence[Callable[[Any], None]] = (),
+    ) -> None:
+        """Counters, per-queue counters and ``records`` (see cache/meta.py) in one round trip."""
+        if any(counts.values()) or records:
             pipe = self.client.pipeline(transaction=False)
             incr(pipe, counts)
+            if per_queue:
+                incr_queues(pipe, per_queue)
+            for record in records:
+                record(pipe)
             pipe.execute()
 
     def usage(self) -> tuple[int, int]:

@@ -19,20 +19,23 @@ import uuid
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
 from compileq import keys
 from compileq._log import log, warn_once
+from compileq.cache import meta
 from compileq.cache.counters import Counter
 from compileq.cache.store import Entry, RedisStore, redis_client
 from compileq.config import Settings, redact
 from compileq.errors import CompileqError, EntryTooLarge
 from compileq.scheduler.local import LocalBuilder
+from compileq.scheduler.progress import progress
 from compileq.scheduler.routing import Router
 from compileq.tasks import broker, events
 from compileq.tasks.app import COMPILE_TRITON, client_app
-from compileq.tasks.jobs import TritonJob
+from compileq.tasks.jobs import TRITON, TritonJob, key_of
 
 #: Safety net under pub/sub, which is at-most-once: pending keys are re-read this often.
 _POLL_S = 1.0
@@ -67,6 +70,7 @@ class _Flight:
     job: TritonJob
     extra_env: dict[str, str]
     queue: str
+    material: dict[str, Any]  # what ``key`` hashes; recorded on a miss and with a local build
     deadline: float
     future: Future[Built]
     state: _State = _State.WAITING
@@ -133,14 +137,17 @@ class KernelClient:
                 target = job.target
                 if target is None:
                     raise CompileqError(f"kernel {job.name}: no DeviceProperties in its source")
-                key = job.key(self._router.toolchain(target), target)
+                material = job.key_material(self._router.toolchain(target), target)
+                key = key_of(material)
                 flight = self._flights.get(key)
                 if flight is None:
-                    flight = _Flight(key, job, env, self._router.queue(target), deadline, Future())
+                    queue = self._router.queue(target)
+                    flight = _Flight(key, job, env, queue, material, deadline, Future())
                     self._flights[key] = flight
                     new.append(flight)
                 futures.append(flight.future)
         if new:
+            progress.start(len(new))
             self._dispatch(new)
         return futures
 
@@ -191,12 +198,27 @@ class KernelClient:
                     Counter.KERNEL_HITS: len(flights) - len(misses),
                     Counter.KERNEL_MISSES: len(misses),
                     Counter.FALLBACKS: len(unserved),
-                }
+                },
+                _per_queue(flights, misses, unserved),
+                [meta.record_misses([self._miss_record(f) for f in misses])] if misses else (),
             )
             self._enqueue(remote)
             self._build_locally(unserved)
         except redis.RedisError as e:
             self._redis_failed(e)
+
+    def _miss_record(self, flight: _Flight) -> dict[str, Any]:
+        target = flight.job.target
+        toolchain = self._router.toolchain(target).describe() if target is not None else {}
+        return {
+            "key": flight.key,
+            "name": flight.job.name,
+            "queue": flight.queue,
+            "material": flight.material,
+            "toolchain": toolchain,
+            "client": self._id,
+            "time": time.time(),
+        }
 
     def _take_leases(self, flights: list[_Flight]) -> list[_Flight]:
         """Take each key's lease; return the flights this client now owns (the rest wait).
@@ -247,7 +269,7 @@ class KernelClient:
                 )
             else:
                 warn_once("broker", "compileq: cannot reach the broker (%s); compiling locally", e)
-            self._store.count({Counter.FALLBACKS: len(unsent)})
+            self._store.count({Counter.FALLBACKS: len(unsent)}, _per_queue([], [], unsent))
             self._build_locally(unsent)
 
     # -- local builds -------------------------------------------------------------------------
@@ -261,7 +283,7 @@ class KernelClient:
             future = self._local.submit(f.job, f.extra_env)
             future.add_done_callback(lambda fut, f=f: self._local_done(f, fut))  # type: ignore[misc]
 
-    def _local_done(self, flight: _Flight, future: Future[bytes]) -> None:
+    def _local_done(self, flight: _Flight, future: Future[tuple[bytes, float]]) -> None:
         error = future.exception()
         if error is not None:
             # The same error stock Inductor would raise; the lease is freed so nobody waits.
@@ -270,17 +292,32 @@ class KernelClient:
             )
             self._fail(flight, error)
             return
-        payload = future.result()
+        payload, seconds = future.result()
         if time.monotonic() >= self._down_until:
             try:
-                self._store.put(flight.key, payload)
-                self._store.count({self._built: 1})
+                wrote = self._store.put(flight.key, payload)
+                self._store.count(
+                    {self._built: 1},
+                    {flight.queue: {self._built: 1}},
+                    self._build_records(flight, seconds, wrote),
+                )
                 self._release(flight, events.Done(flight.key, True))
             except EntryTooLarge as e:
                 warn_once("too-large", "compileq: %s; kept local only", e)
             except redis.RedisError as e:
                 self._redis_failed(e)
         self._resolve(flight, Built(flight.key, payload, Outcome.LOCAL))
+
+    def _build_records(self, flight: _Flight, seconds: float, wrote: bool) -> list[meta.Record]:
+        records = [meta.record_build_time(TRITON, flight.key, flight.job.name, seconds, self._id)]
+        target = flight.job.target
+        if wrote and target is not None:
+            toolchain = self._router.toolchain(target).describe()
+            record = meta.entry_record(
+                flight.material, toolchain, name=flight.job.name, by=self._id, seconds=seconds
+            )
+            records.append(meta.record_entry(flight.key, record, self._store.ttl_s))
+        return records
 
     def _release(self, flight: _Flight, done: events.Done) -> None:
         if time.monotonic() < self._down_until:
@@ -393,7 +430,7 @@ class KernelClient:
                 "compileq: remote builds missed the %.0fs deadline; compiling locally",
                 self._settings.deadline_s,
             )
-            self._store.count({Counter.FALLBACKS: len(late)})
+            self._store.count({Counter.FALLBACKS: len(late)}, _per_queue([], [], late))
             self._build_locally(late)
 
     # -- endings ------------------------------------------------------------------------------
@@ -418,8 +455,27 @@ class KernelClient:
 
     def _resolve(self, flight: _Flight, built: Built) -> None:
         if self._take(flight):
+            progress.kernel(built.outcome.value)
             flight.future.set_result(built)
 
     def _fail(self, flight: _Flight, error: BaseException) -> None:
         if self._take(flight):
             flight.future.set_exception(error)
+
+
+def _per_queue(
+    looked_up: list[_Flight], misses: list[_Flight], fallbacks: list[_Flight]
+) -> dict[str, dict[Counter, int]]:
+    """Per-queue tallies of a batch: what ``compileq stats`` shows per toolchain and target.
+    ``misses`` is a subset of ``looked_up``; the rest of ``looked_up`` were hits."""
+    out: dict[str, dict[Counter, int]] = {}
+    for f in looked_up:
+        tally = out.setdefault(f.queue, {Counter.KERNEL_HITS: 0, Counter.KERNEL_MISSES: 0})
+        tally[Counter.KERNEL_HITS] += 1
+    for f in misses:
+        out[f.queue][Counter.KERNEL_HITS] -= 1
+        out[f.queue][Counter.KERNEL_MISSES] += 1
+    for f in fallbacks:
+        tally = out.setdefault(f.queue, {})
+        tally[Counter.FALLBACKS] = tally.get(Counter.FALLBACKS, 0) + 1
+    return out

@@ -10,6 +10,8 @@ namespaced (``compileq:a:<kind>:<sha256>``) and counted like kernels, with no
 from __future__ import annotations
 
 import hashlib
+import os
+import socket
 import time
 from typing import Any, ClassVar
 
@@ -18,12 +20,17 @@ from torch._inductor.remote_cache import RemoteCacheBackend
 
 from compileq import keys
 from compileq._log import warn_once
+from compileq.cache import meta
 from compileq.cache.counters import Counter
 from compileq.cache.store import Entry, RedisStore
 from compileq.errors import CompileqError
+from compileq.fingerprint import host_identity
 from compileq.scheduler.leases import Leases
+from compileq.scheduler.progress import progress
 
 _store: RedisStore | None = None
+#: When this process missed a graph key (it then compiles it); popped when it puts the entry.
+_missed_at: dict[str, float] = {}
 _leases: Leases | None = None
 _deadline_s = 60.0
 
@@ -45,6 +52,8 @@ class _StoreBackend(RemoteCacheBackend[bytes]):  # type: ignore[misc]
         if _store is None:
             return None
         name = self._key(key)
+        if self.kind == "fx":
+            progress.start()
         try:
             entry = _store.get_many([name])[0]
             if entry is None and self.single_flight and _leases is not None:
@@ -52,6 +61,10 @@ class _StoreBackend(RemoteCacheBackend[bytes]):  # type: ignore[misc]
             counter = self.on_hit if entry is not None else self.on_miss
             if counter is not None:
                 _store.count({counter: 1})
+            if entry is None:
+                _missed_at[name] = time.monotonic()  # this process compiles it: time it
+            elif self.kind == "fx":
+                progress.graph(hit=True)
         except redis.RedisError as e:
             warn_once("graph-cache", "compileq: graph cache unavailable (%s); compiling locally", e)
             return None
@@ -88,16 +101,36 @@ class _StoreBackend(RemoteCacheBackend[bytes]):  # type: ignore[misc]
         try:
             # Counted whether or not this put wins the first-writer race: each put follows
             # work done here, and a counter of winners alone would hide duplicate compiles.
-            counter = self._put_counter()
-            if counter is not None:
-                _store.count({counter: 1})
-            _store.put(name, data)
+            wrote = False
+            try:
+                wrote = _store.put(name, data)
+            finally:  # also when too large to store: the compile happened all the same
+                counter = self._put_counter()
+                counts = {counter: 1} if counter is not None else {}
+                _store.count(counts, None, self._records(key, wrote))
+            if self.kind == "fx":
+                progress.graph(hit=False)
             if _leases is not None:
                 _leases.release(name)
         except redis.RedisError as e:
             warn_once("graph-cache", "compileq: graph cache unavailable (%s); compiling locally", e)
         except CompileqError as e:  # EntryTooLarge: this graph stays in the local cache only
             warn_once("graph-cache-put", "compileq: graph not cached: %s", e)
+
+    def _records(self, key: str, wrote: bool) -> list[meta.Record]:
+        """Build time (miss to put) and, for a new entry, what explain can say about a graph."""
+        name = self._key(key)
+        records = []
+        missed = _missed_at.pop(name, None)
+        if missed is not None:
+            by = f"{socket.gethostname()}:{os.getpid()}"
+            seconds = time.monotonic() - missed
+            records.append(meta.record_build_time(self.kind, name, key[:64], seconds, by))
+        if wrote:
+            material = {"kind": self.kind, "inductor_key": key}
+            record = meta.entry_record(material, host_identity())
+            records.append(meta.record_entry(name, record, _store.ttl_s if _store else None))
+        return records
 
 
 class FxGraphBackend(_StoreBackend):

@@ -25,7 +25,8 @@ class LocalBuilder:
         self._cross_compile = cross_compile
         self._pid = os.getpid()
 
-    def submit(self, job: TritonJob, extra_env: dict[str, str]) -> Future[bytes]:
+    def submit(self, job: TritonJob, extra_env: dict[str, str]) -> Future[tuple[bytes, float]]:
+        """A future of ``(payload, build seconds)``."""
         if self._pid != os.getpid():
             # A forked child must not use its parent's pool (its pipes belong to the parent).
             # Inductor's own after-fork hook clears only the patched process_pool, not this.
@@ -38,7 +39,7 @@ class LocalBuilder:
 
             # Asked only when a local build is needed: the hit path never touches CUDA.
             self._cross_compile = not torch.cuda.is_available()
-        future: Future[bytes] = self._stock_pool().submit(
+        future: Future[tuple[bytes, float]] = self._stock_pool().submit(
             build_triton_payload, job.to_json(), extra_env, self._cross_compile
         )
         return future

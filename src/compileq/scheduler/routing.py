@@ -9,7 +9,7 @@ from typing import Any
 import redis
 
 from compileq.config import Settings
-from compileq.fingerprint import FxToolchain, Target, Toolchain, local_toolchain
+from compileq.fingerprint import FxToolchain, Target, Toolchain, differences, local_toolchain
 from compileq.tasks import liveness
 from compileq.tasks.queues import triton_queue
 
@@ -56,9 +56,8 @@ class Router:
             if not isinstance(theirs, dict):
                 continue
             diffs = [
-                f"{name} (worker {theirs.get(name)!r}, here {mine[name]!r})"
-                for name in mine
-                if name != "digest" and theirs.get(name) != mine[name]
+                f"{name} (worker {theirs.get(name)!r}, here {mine.get(name)!r})"
+                for name in differences(mine, theirs)
             ]
             seen.append(f"{info.get('host')}/{info.get('name')} differs in " + "; ".join(diffs))
         if not seen:

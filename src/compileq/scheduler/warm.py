@@ -15,6 +15,7 @@ from compileq.errors import ManifestError
 from compileq.scheduler.client import KernelClient, Outcome
 from compileq.scheduler.inductor import inductor_extra_config
 from compileq.scheduler.local import LocalBuilder
+from compileq.scheduler.progress import progress
 from compileq.tasks.jobs import TritonJob
 
 
@@ -72,6 +73,7 @@ def warm(jobs: list[TritonJob], settings: Settings) -> WarmReport:
         wait(futures)
     finally:
         client.close()
+        progress.finish()  # the summary and a cleared live line before the report is printed
     tally: Tally[str] = Tally()
     for job, future in zip(jobs, futures, strict=True):
         error = future.exception()

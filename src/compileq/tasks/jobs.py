@@ -51,9 +51,12 @@ class TritonJob:
         canonical = self.source.replace(self.name, _NAME) if self.name else self.source
         return hashlib.sha256(canonical.encode()).hexdigest()
 
-    def key(self, toolchain: Toolchain, target: Target) -> str:
-        """The artifact key: kind, source (name-independent), config, target, toolchain."""
-        material = {
+    def key_material(self, toolchain: Toolchain, target: Target) -> dict[str, Any]:
+        """Everything the key covers (the name only through ``source_sha``). The one source of
+        truth: :meth:`key` hashes it, and workers and clients record it next to the entry
+        (``compileq explain`` reads it), so the recorded material can never drift from what
+        was hashed."""
+        return {
             "kind": TRITON,
             "format": FORMAT,
             "toolchain": toolchain.digest,
@@ -61,8 +64,10 @@ class TritonJob:
             "source": self.source_sha,
             "config": self.extra_config,
         }
-        blob = json.dumps(material, sort_keys=True, separators=(",", ":")).encode()
-        return keys.artifact(TRITON, hashlib.sha256(blob).hexdigest())
+
+    def key(self, toolchain: Toolchain, target: Target) -> str:
+        """The artifact key: kind, source (name-independent), config, target, toolchain."""
+        return key_of(self.key_material(toolchain, target))
 
     def to_json(self) -> bytes:
         return json.dumps(
@@ -83,3 +88,9 @@ class TritonJob:
         if not isinstance(config, dict):
             raise ValueError("job spec 'extra_config' must be an object")
         return cls(obj["name"], obj["source"], config)
+
+
+def key_of(material: dict[str, Any]) -> str:
+    """The artifact key of a kernel's key material (see :meth:`TritonJob.key_material`)."""
+    blob = json.dumps(material, sort_keys=True, separators=(",", ":")).encode()
+    return keys.artifact(str(material["kind"]), hashlib.sha256(blob).hexdigest())

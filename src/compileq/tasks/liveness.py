@@ -65,3 +65,18 @@ def workers_info(client: redis.Redis) -> list[dict[str, Any]]:
 
 def live_count(client: redis.Redis, queue: str, ttl_s: float) -> int:
     return int(client.register_script(_LIVE)(keys=[keys.workers(queue)], args=[ttl_s]))
+
+
+def live_workers(client: redis.Redis) -> list[dict[str, Any]]:
+    """Every live worker's info with ``beat``: the Redis server time of its last heartbeat.
+
+    The beat's server time is the score the heartbeat script gave it, read back here; next to
+    the worker's own ``wall`` clock (sent in the same beat) it gives the worker's clock skew.
+    """
+    infos = [i for i in workers_info(client) if isinstance(i.get("id"), str) and i.get("queues")]
+    pipe = client.pipeline(transaction=False)
+    for info in infos:
+        pipe.zscore(keys.workers(str(info["queues"][0])), info["id"])
+    for info, score in zip(infos, pipe.execute() if infos else [], strict=True):
+        info["beat"] = score if isinstance(score, float) else None
+    return infos

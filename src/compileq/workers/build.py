@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import pickle
+import time
 
 from compileq.tasks.jobs import TritonJob
 
@@ -42,8 +43,17 @@ def build_triton(job: TritonJob, extra_env: dict[str, str] | None = None) -> byt
     return pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def build_triton_payload(job_json: bytes, extra_env: dict[str, str], cross_compile: bool) -> bytes:
-    """Entry point for a local build in stock Inductor's subprocess pool (picklable by name)."""
+def build_triton_payload(
+    job_json: bytes, extra_env: dict[str, str], cross_compile: bool
+) -> tuple[bytes, float]:
+    """Entry point for a local build in stock Inductor's subprocess pool (picklable by name).
+
+    Returns the payload and the build's seconds, timed here rather than by the parent: the
+    parent only sees submit-to-done, which includes waiting for a free pool process and would
+    make the last kernels of a batch look like the slowest.
+    """
     if cross_compile:
         enable_cross_compile()
-    return build_triton(TritonJob.from_json(job_json), extra_env)
+    started = time.perf_counter()
+    payload = build_triton(TritonJob.from_json(job_json), extra_env)
+    return payload, time.perf_counter() - started

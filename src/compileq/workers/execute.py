@@ -10,6 +10,7 @@ import redis
 
 from compileq import keys
 from compileq._log import log
+from compileq.cache import meta
 from compileq.cache.counters import Counter
 from compileq.cache.envelope import open_sealed
 from compileq.cache.store import RedisStore
@@ -18,6 +19,7 @@ from compileq.errors import CompileqError, IntegrityError, ToolchainMismatch
 from compileq.fingerprint import FxToolchain, Target, Toolchain
 from compileq.tasks.events import Done, announce
 from compileq.tasks.jobs import TRITON, TritonJob
+from compileq.tasks.queues import triton_queue
 from compileq.workers.build import build_triton
 
 
@@ -28,6 +30,7 @@ class WorkerContext:
     toolchains: dict[Target, Toolchain]
     #: FX targets (fingerprint.fx_target) this worker generates code for, with its toolchain.
     fx_toolchains: dict[str, FxToolchain] = field(default_factory=dict)
+    worker_id: str = "worker"
 
 
 _context: WorkerContext | None = None
@@ -60,20 +63,40 @@ def execute_compile_triton(key: object) -> str:
     except (CompileqError, ValueError) as e:
         return reject(ctx, key, str(e))
 
+    target = job.target
+    assert target is not None  # _load_job checked it
+    toolchain = ctx.toolchains[target]
+    queue = triton_queue(toolchain, target)
     started = time.perf_counter()
     try:
         payload = build_triton(job)
-        ctx.store.put(key, payload)
+        seconds = time.perf_counter() - started
+        wrote = ctx.store.put(key, payload)
     except Exception as e:  # the kernel's own error, or EntryTooLarge; never cached as a success
-        ctx.store.count({Counter.KERNEL_REMOTE_FAILURES: 1})
+        ctx.store.count(
+            {Counter.KERNEL_REMOTE_FAILURES: 1}, {queue: {Counter.KERNEL_REMOTE_FAILURES: 1}}
+        )
         log.warning("compileq worker: build of %s (%s) failed: %s", job.name, key, e)
         finish(client, key)
         announce(client, Done(key, False, f"{type(e).__name__}: {e}"))
         return "failed"
-    ctx.store.count({Counter.KERNEL_REMOTE_COMPILES: 1})
+    records = [meta.record_build_time(TRITON, key, job.name, seconds, ctx.worker_id)]
+    if wrote:
+        material = job.key_material(toolchain, target)
+        record = meta.entry_record(
+            material,
+            toolchain.describe(),
+            name=job.name,
+            by=ctx.worker_id,
+            seconds=round(seconds, 4),
+        )
+        records.append(meta.record_entry(key, record, ctx.settings.ttl_s))
+    ctx.store.count(
+        {Counter.KERNEL_REMOTE_COMPILES: 1}, {queue: {Counter.KERNEL_REMOTE_COMPILES: 1}}, records
+    )
     finish(client, key)
     announce(client, Done(key, True))
-    log.info("compileq worker: built %s in %.2fs", job.name, time.perf_counter() - started)
+    log.info("compileq worker: built %s in %.2fs", job.name, seconds)
     return "built"
 
 

@@ -18,6 +18,7 @@ from typing import cast
 
 from compileq import keys
 from compileq._log import log
+from compileq.cache import meta
 from compileq.cache.counters import Counter
 from compileq.cache.envelope import open_sealed
 from compileq.errors import CompileqError, IntegrityError, ToolchainMismatch
@@ -51,7 +52,12 @@ def execute_compile_fx(key: object) -> str:
         finish(client, key)
         announce(client, Done(key, False, f"{type(e).__name__}: {e}"))
         return "failed"
-    ctx.store.count({Counter.FX_REMOTE_COMPILES: 1})
+    seconds = time.perf_counter() - started
+    ctx.store.count(
+        {Counter.FX_REMOTE_COMPILES: 1},
+        None,
+        [meta.record_build_time(FX, key, key[len(keys.ARTIFACT) :][:48], seconds, ctx.worker_id)],
+    )
     finish(client, key)
     announce(client, Done(key, True))
     log.info("compileq worker: generated graph %s in %.2fs", key, time.perf_counter() - started)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import redis
 
 from compileq._log import log, warn_once
 from compileq.tasks import liveness
+from compileq.tasks.probe import make_probe
 
 
 class Heartbeat:
@@ -20,8 +22,10 @@ class Heartbeat:
         info: dict[str, Any],
         interval_s: float,
         ttl_s: float,
+        secret: bytes | None = None,
     ) -> None:
         self._client, self.worker_id, self._queues, self._info = client, worker_id, queues, info
+        self._secret = secret
         self._interval, self._ttl = interval_s, ttl_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="compileq-heartbeat", daemon=True)
@@ -32,9 +36,17 @@ class Heartbeat:
 
     def beat(self) -> None:
         try:
-            liveness.beat(self._client, self.worker_id, self._queues, self._ttl, self._info)
+            liveness.beat(self._client, self.worker_id, self._queues, self._ttl, self._fresh_info())
         except redis.RedisError as e:
             warn_once("heartbeat", "compileq worker: heartbeat to Redis failed (%s); retrying", e)
+
+    def _fresh_info(self) -> dict[str, Any]:
+        """The static info plus what doctor checks per beat: the wall clock (clock skew against
+        Redis's TIME, which scores the beat) and a signed probe (secret agreement)."""
+        info = {**self._info, "id": self.worker_id, "wall": time.time()}
+        if self._secret is not None:
+            info["probe"] = make_probe(self._secret, self.worker_id)
+        return info
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):

@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu-only", action="store_true")
     parser.add_argument("--gpu", default=None)
     parser.add_argument("--loglevel", default="INFO")
+    parser.add_argument("--metrics-port", type=int, default=None)
     args = parser.parse_args(argv)
 
     from compileq.cache.store import RedisStore, redis_client
@@ -69,11 +70,15 @@ def main(argv: list[str] | None = None) -> int:
         cpp_cache.enable(store, Counter.CPP_REMOTE_COMPILES)
     fx_toolchains = {fx_target(g): local_fx_toolchain(g) for g in gpus}
     queues += [fx_queue(tc, target) for target, tc in fx_toolchains.items()]
-    execute.configure(execute.WorkerContext(settings, store, toolchains, fx_toolchains))
-    import compileq.tasks.compile  # noqa: F401  (registers the task with the app)
-
     host = socket.gethostname()
     worker_id = f"{host}:{args.name}:{os.getpid()}"
+    execute.configure(execute.WorkerContext(settings, store, toolchains, fx_toolchains, worker_id))
+    if args.metrics_port is not None:
+        from compileq.workers import metrics
+
+        metrics.serve(args.metrics_port)
+    import compileq.tasks.compile  # noqa: F401  (registers the task with the app)
+
     info: dict[str, Any] = {
         "host": host,
         "name": args.name,
@@ -83,9 +88,18 @@ def main(argv: list[str] | None = None) -> int:
         "queues": queues,
         "toolchains": {str(t): tc.describe() for t, tc in toolchains.items()},
         "fx_toolchains": {t: tc.describe() for t, tc in fx_toolchains.items()},
+        # What pinning really is: doctor checks each GPU worker sees exactly one device.
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "metrics_port": args.metrics_port,
     }
     heartbeat = Heartbeat(
-        client, worker_id, queues, info, settings.heartbeat_interval_s, settings.heartbeat_ttl_s
+        client,
+        worker_id,
+        queues,
+        info,
+        settings.heartbeat_interval_s,
+        settings.heartbeat_ttl_s,
+        secret=settings.secret_bytes(),
     )
     from celery import signals
 

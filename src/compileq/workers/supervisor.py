@@ -8,6 +8,7 @@ with Celery's warm shutdown, letting running builds finish.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -35,6 +36,7 @@ class ChildSpec:
     concurrency: int
     cpu_only: bool
     gpu: int | None
+    metrics_port: int | None = None
 
     def argv(self, loglevel: str) -> list[str]:
         argv = [
@@ -50,11 +52,20 @@ class ChildSpec:
             argv.append("--cpu-only")
         if self.gpu is not None:
             argv.append(f"--gpu={self.gpu}")
+        if self.metrics_port is not None:
+            argv.append(f"--metrics-port={self.metrics_port}")
         return argv
 
     def env(self, settings: Settings) -> dict[str, str]:
         visible = "" if self.gpu is None else str(self.gpu)
         return child_env(settings, CUDA_VISIBLE_DEVICES=visible)
+
+
+def with_metrics(specs: list[ChildSpec], port: int | None) -> list[ChildSpec]:
+    """Give each worker process its own metrics port: ``port``, ``port + 1``, ... in order."""
+    if port is None:
+        return specs
+    return [dataclasses.replace(s, metrics_port=port + i) for i, s in enumerate(specs)]
 
 
 def plan(

@@ -1,0 +1,1 @@
+"""Operating a cluster: ``compileq doctor`` and ``compileq explain``."""

@@ -1,0 +1,314 @@
+"""``compileq doctor``: is this machine set up to use the cluster, and is the cluster sound?
+
+Each check yields one line, ``ok``, ``warn`` or ``FAIL``, with a hint saying how to fix it.
+Checks that need Redis are not run when Redis is out of reach: their verdict would only repeat
+the first failure.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import redis
+
+from compileq import keys
+from compileq.cache.store import redis_client
+from compileq.config import Settings, redact
+from compileq.errors import CompileqError, ConfigError
+from compileq.fingerprint import Target, differences, flatten
+from compileq.tasks import liveness
+from compileq.tasks.probe import check_probe
+
+OK, WARN, FAIL = "ok", "warn", "FAIL"
+#: Clock skew worth a warning, and skew that fails the check. Liveness and leases run on
+#: Redis's clock, so skew never misroutes a kernel; it misleads logs and TLS certificate checks.
+SKEW_WARN_S, SKEW_FAIL_S = 1.0, 60.0
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str
+    detail: str
+    hint: str = ""
+
+    def line(self) -> str:
+        text = f"{self.status:<4}  {self.name:<14} {self.detail}"
+        return f"{text}\n      fix: {self.hint}" if self.hint and self.status != OK else text
+
+
+def run(settings: Settings, targets: list[Target] | None) -> list[Check]:
+    checks: list[Check] = []
+    cache = _redis_check(checks, "cache redis", settings.redis_url, settings, keys.DOCTOR)
+    if settings.broker_url and settings.broker_url != settings.redis_url:
+        _redis_check(checks, "broker redis", settings.broker_url, settings, keys.BROKER_DOCTOR)
+    else:
+        checks.append(
+            Check(
+                "broker redis", OK if cache else FAIL, "same URL as the cache (COMPILEQ_REDIS_URL)"
+            )
+        )
+    try:
+        secret: bytes | None = settings.secret_bytes()
+    except ConfigError as e:
+        secret = None
+        checks.append(Check("secret", FAIL, "COMPILEQ_SECRET is not set", str(e)))
+    if cache is None:
+        for name in ("workers", "version skew", "gpu pinning", "clock skew"):
+            checks.append(Check(name, WARN, "not checked: the cache Redis is out of reach"))
+        return checks
+    workers = liveness.live_workers(cache)
+    if secret is not None:
+        checks.append(_secret_check(secret, workers))
+    chosen, how = _targets(targets, workers)
+    checks.extend(_worker_checks(cache, settings, workers, chosen, how))
+    checks.append(_pinning_check(workers))
+    checks.append(_clock_check(cache, workers))
+    return checks
+
+
+# -- Redis ------------------------------------------------------------------------------------
+
+
+def _redis_check(
+    checks: list[Check], name: str, url: str, settings: Settings, prefix: str
+) -> redis.Redis | None:
+    shown = redact(url)
+    client = redis_client(url, settings)
+    try:
+        started = time.perf_counter()
+        client.ping()
+        rtt_ms = (time.perf_counter() - started) * 1000
+        # A write under compileq's prefix: an ACL user may read but not write, which would
+        # make every build fail to store.
+        probe = f"{prefix}{uuid.uuid4().hex}"
+        client.set(probe, b"1", px=5000)
+        client.delete(probe)
+    except redis.AuthenticationError as e:
+        checks.append(
+            Check(
+                name,
+                FAIL,
+                f"{shown}: authentication failed ({e})",
+                "put the right user and password in the URL (redis://USER:PASSWORD@host:port/db) "
+                "and check the server's ACL",
+            )
+        )
+        return None
+    except redis.ResponseError as e:  # NOAUTH, NOPERM: reachable but not allowed
+        checks.append(
+            Check(
+                name,
+                FAIL,
+                f"{shown}: refused ({e})",
+                "give the Redis user read and write access to keys compileq:* "
+                "(ACL: ~compileq:* +@all -@dangerous), or add the password to the URL",
+            )
+        )
+        return None
+    except redis.RedisError as e:
+        checks.append(
+            Check(
+                name,
+                FAIL,
+                f"{shown}: unreachable ({e})",
+                "start redis-server there, or point the URL at it; check firewalls, TLS "
+                "(rediss://) and the port",
+            )
+        )
+        return None
+    checks.append(Check(name, OK, f"{shown} answers and accepts writes ({rtt_ms:.1f} ms)"))
+    return client
+
+
+# -- secret -----------------------------------------------------------------------------------
+
+
+def _secret_check(secret: bytes, workers: list[dict[str, Any]]) -> Check:
+    if not workers:
+        return Check("secret", WARN, "set here; no live worker to compare it with")
+    other = [
+        w["id"] for w in workers if w.get("probe") and not check_probe(secret, w["id"], w["probe"])
+    ]
+    silent = [w["id"] for w in workers if not w.get("probe")]
+    if other:
+        return Check(
+            "secret",
+            FAIL,
+            f"{len(other)} of {len(workers)} workers sign with another COMPILEQ_SECRET: "
+            + ", ".join(other),
+            "give clients and workers the same COMPILEQ_SECRET and restart those workers; "
+            "until then they reject every job from here",
+        )
+    if silent:
+        return Check(
+            "secret",
+            WARN,
+            f"{len(silent)} workers publish no signed probe (older compileq): " + ", ".join(silent),
+            "upgrade those workers",
+        )
+    return Check("secret", OK, f"all {len(workers)} live workers hold the same secret")
+
+
+# -- workers and toolchains -------------------------------------------------------------------
+
+
+def _targets(given: list[Target] | None, workers: list[dict[str, Any]]) -> tuple[list[Target], str]:
+    if given:
+        return given, "--arch"
+    from compileq.workers.gpus import probe_gpus
+
+    try:
+        gpus = probe_gpus()
+    except CompileqError:
+        gpus = []
+    if gpus:
+        return sorted({g.target for g in gpus}), "this machine's GPUs"
+    published = {t for w in workers for t in (w.get("toolchains") or {})}
+    return sorted(Target.parse(t) for t in published), "no GPU here: every target workers serve"
+
+
+def _worker_checks(
+    client: redis.Redis,
+    settings: Settings,
+    workers: list[dict[str, Any]],
+    targets: list[Target],
+    how: str,
+) -> list[Check]:
+    from compileq.scheduler.routing import Router
+
+    router = Router(client, settings)
+    if not targets:
+        return [
+            Check(
+                "workers",
+                FAIL,
+                "no live worker, and no target to check (no GPU here, no --arch)",
+                "start workers (`compileq worker --gpus all`, or `--cpu-only --arch sm_90`), "
+                "or say which target to check with --arch",
+            ),
+            Check("version skew", WARN, "not checked: no live worker"),
+        ]
+    served: list[tuple[Target, str, int]] = []
+    unserved: list[tuple[Target, str, int]] = []
+    for target in targets:
+        queue = router.queue(target)
+        live = liveness.live_count(client, queue, settings.heartbeat_ttl_s)
+        (served if live else unserved).append((target, queue, live))
+    checks = []
+    # Without a GPU or --arch, one matching target is enough: the machine may never build
+    # for the others.
+    failed = unserved and (how != "no GPU here: every target workers serve" or not served)
+    if failed:
+        checks.append(
+            Check(
+                "workers",
+                FAIL,
+                "no live worker builds with this machine's toolchain for "
+                + "; ".join(f"{t} ({router.why_unserved(t)})" for t, _, _ in unserved),
+                "start a worker with the same torch, Triton, assembler and TRITON_* variables, "
+                "or align this machine with the workers (see version skew)",
+            )
+        )
+    else:
+        detail = ", ".join(f"{t}: {n} live" for t, _, n in served)
+        checks.append(Check("workers", OK, f"{detail} for this machine's toolchain ({how})"))
+    checks.append(_skew_check(router, workers, targets, bool(failed)))
+    return checks
+
+
+def _skew_check(
+    router: Any, workers: list[dict[str, Any]], targets: list[Target], unserved: bool
+) -> Check:
+    skewed = []
+    compared = 0
+    for worker in workers:
+        for name, theirs in (worker.get("toolchains") or {}).items():
+            target = Target.parse(name)
+            if target not in targets:
+                continue
+            compared += 1
+            mine = flatten(router.toolchain(target).describe())
+            other = flatten(theirs)
+            diff = differences(mine, other)
+            if diff:
+                parts = [f"{n} (worker {other.get(n)!r}, here {mine.get(n)!r})" for n in diff]
+                skewed.append(f"{worker['id']} [{name}] differs in " + "; ".join(parts))
+    if not compared:
+        return Check("version skew", WARN, "no live worker builds for this machine's targets")
+    if not skewed:
+        return Check("version skew", OK, f"{compared} worker toolchains match this machine")
+    return Check(
+        "version skew",
+        FAIL if unserved else WARN,
+        " | ".join(skewed),
+        "install the same torch and Triton (and assembler) on both sides and set the same "
+        "TRITON_* variables; kernels only route to workers whose toolchain matches",
+    )
+
+
+# -- GPU pinning ------------------------------------------------------------------------------
+
+
+def _pinning_check(workers: list[dict[str, Any]]) -> Check:
+    gpu_workers = [w for w in workers if not w.get("cpu_only")]
+    if not gpu_workers:
+        return Check("gpu pinning", OK, f"no GPU workers ({len(workers)} cpu-only)")
+    problems = []
+    by_device: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for w in gpu_workers:
+        visible = w.get("cuda_visible_devices")
+        devices = [d for d in str(visible or "").split(",") if d.strip()]
+        if len(devices) != 1:
+            problems.append(f"{w['id']} sees CUDA_VISIBLE_DEVICES={visible!r}, not one GPU")
+        else:
+            by_device[(str(w.get("host")), devices[0])].append(w["id"])
+    for (host, device), ids in by_device.items():
+        if len(ids) > 1:
+            problems.append(f"{', '.join(ids)} on {host} are all pinned to GPU {device}")
+    if problems:
+        return Check(
+            "gpu pinning",
+            FAIL,
+            "; ".join(problems),
+            "run one `compileq worker --gpus all` per node (it pins one process per GPU); do "
+            "not start workers by hand with CUDA_VISIBLE_DEVICES unset or shared",
+        )
+    return Check("gpu pinning", OK, f"{len(gpu_workers)} GPU workers, one GPU each")
+
+
+# -- clocks -----------------------------------------------------------------------------------
+
+
+def _clock_check(client: redis.Redis, workers: list[dict[str, Any]]) -> Check:
+    before = time.time()
+    seconds, micros = client.time()
+    after = time.time()
+    here = (before + after) / 2 - (seconds + micros / 1e6)
+    skews = {"this machine": here}
+    for w in workers:
+        wall, beat = w.get("wall"), w.get("beat")
+        if isinstance(wall, (int, float)) and isinstance(beat, float):
+            skews[str(w["id"])] = wall - beat
+    worst_name, worst = max(skews.items(), key=lambda kv: abs(kv[1]))
+    detail = f"against Redis's clock: this machine {here:+.3f}s" + (
+        f", worst {worst_name} {worst:+.3f}s" if worst_name != "this machine" else ""
+    )
+    status = OK if abs(worst) < SKEW_WARN_S else WARN if abs(worst) < SKEW_FAIL_S else FAIL
+    hint = (
+        "synchronise clocks (chrony or systemd-timesyncd); routing uses Redis's clock and is "
+        "unaffected, but logs and TLS certificate checks are not"
+    )
+    return Check("clock skew", status, detail, hint)
+
+
+def report(checks: list[Check]) -> dict[str, Any]:
+    return {"ok": all(c.status != FAIL for c in checks), "checks": [asdict(c) for c in checks]}
+
+
+def render(checks: list[Check]) -> str:
+    return "\n".join(c.line() for c in checks)

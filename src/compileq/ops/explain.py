@@ -1,0 +1,267 @@
+"""``compileq explain``: which components went into a key, and which one made a miss.
+
+Every stored kernel has its key material recorded next to it (``compileq:meta:<key>``, written
+by whoever built it from the very dict the key hashes, see ``TritonJob.key_material``), and
+every client miss records the material it looked for. A miss is explained by its nearest
+stored sibling: an entry of the same kernel name and source whose key differs; the components
+where the two records disagree are what made the miss.
+
+Graphs (FX, AOTAutograd) are keyed by Inductor's own opaque hash of the graph, its inputs and
+Inductor's config; compileq can only record what surrounds it (this machine's toolchain and
+the Inductor key itself), so for a graph explain shows those, never which part of the graph's
+hash changed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+
+from compileq import keys
+from compileq.cache import meta
+from compileq.errors import CompileqError
+from compileq.fingerprint import Target, differences, flatten
+from compileq.tasks import liveness
+
+
+class ExplainError(CompileqError):
+    """What explain was asked about cannot be found."""
+
+
+def components(record: dict[str, Any]) -> dict[str, Any]:
+    """A record's components as dotted names: ``target``, ``config.use_static_triton_launcher``,
+    ``toolchain.triton_version``, ``toolchain.codegen_env.TRITON_DEFAULT_FP_FUSION``, ...
+
+    The material's ``toolchain`` entry is the digest of the toolchain record beside it, so it
+    is shown once, through that record's parts.
+    """
+    material = {k: v for k, v in (record.get("material") or {}).items() if k != "toolchain"}
+    return {**flatten(material), **flatten({"toolchain": record.get("toolchain") or {}})}
+
+
+def compare(
+    mine: dict[str, Any], theirs: dict[str, Any], mine_as: str, theirs_as: str
+) -> list[dict[str, Any]]:
+    a, b = components(mine), components(theirs)
+    return [
+        {"component": name, mine_as: a.get(name), theirs_as: b.get(name)}
+        for name in differences(a, b)
+    ]
+
+
+def resolve_key(client: redis.Redis, text: str) -> str:
+    """An artifact key from a full key or its bare digest."""
+    if text.startswith(keys.ARTIFACT):
+        return text
+    found: list[str] = [
+        k.decode()[len(keys.META) :]
+        for k in client.scan_iter(match=f"{keys.META}{keys.ARTIFACT}*:{text}", count=1000)
+    ]
+    if len(found) == 1:
+        return found[0]
+    raise ExplainError(
+        f"no recorded entry ends in {text!r}" if not found else f"{text!r} is ambiguous: {found}"
+    )
+
+
+def record_of(client: redis.Redis, key: str) -> dict[str, Any]:
+    record = meta.read_meta(client, [key])[0]
+    if record is None:
+        raise ExplainError(
+            f"no key material recorded for {key}: it was never stored, has expired, or was "
+            f"built before compileq recorded key material"
+        )
+    return record
+
+
+def here_record(record: dict[str, Any]) -> dict[str, Any]:
+    """What this machine would put in the same kernel's key: its toolchain for the record's
+    target and the ``extra_config`` Inductor sends here."""
+    from compileq.fingerprint import local_toolchain
+    from compileq.scheduler.inductor import inductor_extra_config
+
+    material = dict(record.get("material") or {})
+    if material.get("kind") != "triton":
+        from compileq.fingerprint import host_identity
+
+        return {"material": material, "toolchain": host_identity()}
+    material["config"] = inductor_extra_config()
+    toolchain = local_toolchain(Target.parse(str(material["target"]))).describe()
+    return {"material": material, "toolchain": toolchain}
+
+
+def find_worker(client: redis.Redis, selector: str) -> dict[str, Any]:
+    """A live worker whose id, name or host matches ``selector`` (exactly, else as a part)."""
+    workers = liveness.live_workers(client)
+    exact = [w for w in workers if selector in (w.get("id"), w.get("name"), w.get("host"))] or [
+        w for w in workers if selector in str(w.get("id"))
+    ]
+    if not exact:
+        raise ExplainError(f"no live worker matches {selector!r}")
+    return exact[0]
+
+
+def worker_record(worker: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
+    material = record.get("material") or {}
+    target = str(material.get("target"))
+    toolchain = (worker.get("toolchains") or {}).get(target)
+    if toolchain is None:
+        raise ExplainError(f"worker {worker.get('id')} does not build for {target}")
+    return {"material": material, "toolchain": toolchain}
+
+
+def explain_key(client: redis.Redis, text: str, against: str | None = None) -> dict[str, Any]:
+    """The components of a key; with ``against`` (``here``, a worker, or another key) the
+    components that differ."""
+    key = resolve_key(client, text)
+    record = record_of(client, key)
+    out: dict[str, Any] = {
+        "key": key,
+        "components": components(record),
+        "built_by": record.get("by"),
+        "host": record.get("host"),
+        "seconds": record.get("seconds"),
+    }
+    if key.startswith(keys.artifact("fx", "")) or key.startswith(keys.artifact("aot", "")):
+        out["note"] = GRAPH_NOTE
+    if against is None:
+        return out
+    if against == "here":
+        other, label = here_record(record), "here"
+    elif against.startswith(keys.ARTIFACT) or _looks_like_digest(against):
+        other_key = resolve_key(client, against)
+        other, label = record_of(client, other_key), other_key
+    else:
+        worker = find_worker(client, against)
+        other, label = worker_record(worker, record), str(worker.get("id"))
+    out["against"] = label
+    out["differences"] = compare(record, other, "key", "other")
+    return out
+
+
+GRAPH_NOTE = (
+    "graph keys are Inductor's own hash of the graph, its inputs and Inductor's config; "
+    "compileq records the toolchain around it but cannot say which part of the graph changed"
+)
+
+
+def _looks_like_digest(text: str) -> bool:
+    return len(text) >= 16 and all(c in "0123456789abcdef" for c in text)
+
+
+def explain_toolchains(client: redis.Redis, selector: str, targets: list[Target]) -> dict[str, Any]:
+    """This machine's toolchain against a live worker's, per target the worker builds."""
+    from compileq.fingerprint import local_toolchain
+
+    worker = find_worker(client, selector)
+    published = worker.get("toolchains") or {}
+    names = [str(t) for t in targets] or sorted(published)
+    rows: list[dict[str, Any]] = []
+    for name in names:
+        theirs = published.get(name)
+        if theirs is None:
+            rows.append({"target": name, "error": "the worker does not build for it"})
+            continue
+        mine = local_toolchain(Target.parse(name)).describe()
+        a, b = flatten({"toolchain": mine}), flatten({"toolchain": theirs})
+        rows.append(
+            {
+                "target": name,
+                "differences": [
+                    {"component": n, "here": a.get(n), "worker": b.get(n)}
+                    for n in differences(a, b)
+                ],
+            }
+        )
+    return {"worker": worker.get("id"), "targets": rows}
+
+
+def explain_last_misses(client: redis.Redis, n: int) -> list[dict[str, Any]]:
+    """For each of the last ``n`` kernel misses: its nearest stored sibling and what differs."""
+    out = []
+    for miss in meta.last_misses(client, n):
+        material = miss.get("material") or {}
+        row: dict[str, Any] = {
+            "key": miss.get("key"),
+            "name": miss.get("name"),
+            "client": miss.get("client"),
+            "time": miss.get("time"),
+            "nearest": None,
+            "differences": [],
+        }
+        stored = meta.sibling_keys(
+            client,
+            str(material.get("kind")),
+            str(material.get("source")),
+        )
+        siblings = [k for k in stored if k != miss.get("key")]
+        best: tuple[int, str, list[dict[str, Any]]] | None = None
+        for key, record in zip(siblings, meta.read_meta(client, siblings), strict=True):
+            if record is None:
+                continue
+            diff = compare(miss, record, "miss", "stored")
+            if best is None or len(diff) < best[0]:
+                best = (len(diff), key, diff)
+        if best is None:
+            row["reason"] = (
+                "a first build: no other entry of this kernel's source is stored; it "
+                "is stored now under the key it missed"
+                if miss.get("key") in stored
+                else "no entry of this kernel's source is stored with any settings: "
+                "never built, expired or evicted"
+            )
+        else:
+            row["nearest"], row["differences"] = best[1], best[2]
+        out.append(row)
+    return out
+
+
+def render_key(info: dict[str, Any]) -> str:
+    lines = [f"{info['key']} (built by {info.get('built_by')} on {info.get('host')})"]
+    width = max((len(k) for k in info["components"]), default=0)
+    lines += [f"  {k:<{width}}  {v!r}" for k, v in info["components"].items()]
+    if "note" in info:
+        lines.append(f"note: {info['note']}")
+    if "against" in info:
+        lines.append(f"against {info['against']}:")
+        if not info["differences"]:
+            lines.append("  no component differs")
+        for d in info["differences"]:
+            lines.append(f"  {d['component']}: key {d['key']!r}, {info['against']} {d['other']!r}")
+    return "\n".join(lines)
+
+
+def render_toolchains(info: dict[str, Any]) -> str:
+    lines = [f"this machine against worker {info['worker']}"]
+    for row in info["targets"]:
+        if "error" in row:
+            lines.append(f"  {row['target']}: {row['error']}")
+        elif not row["differences"]:
+            lines.append(f"  {row['target']}: same toolchain")
+        else:
+            for d in row["differences"]:
+                lines.append(
+                    f"  {row['target']}: {d['component']} here {d['here']!r}, "
+                    f"worker {d['worker']!r}"
+                )
+    return "\n".join(lines)
+
+
+def render_misses(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "no kernel misses recorded"
+    lines = []
+    for row in rows:
+        lines.append(f"miss {row['name']} ({row['key']}) by {row['client']}")
+        if row["nearest"] is None:
+            lines.append(f"  {row['reason']}")
+            continue
+        lines.append(f"  nearest stored: {row['nearest']}")
+        if not row["differences"]:
+            lines.append("  no component differs (the entry was stored after this miss)")
+        for d in row["differences"]:
+            lines.append(
+                f"  differs in {d['component']}: miss {d['miss']!r}, stored {d['stored']!r}"
+            )
+    return "\n".join(lines)
