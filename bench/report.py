@@ -37,7 +37,7 @@ def first_step_table(fs: dict[str, Any]) -> tuple[str, list[tuple[str, str, bool
     ]
     lines = [
         f"**{fs['workload']}** (median of {fs['reps']} fresh processes each; first step = "
-        "forward, backward and optimizer step including compilation)",
+        "forward and backward including compilation, then the optimizer step)",
         "",
         "| run | first step (s) | all reps (s) | vs stock cold | loss equal stock |",
         "|---|---|---|---|---|",

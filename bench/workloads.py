@@ -1,7 +1,9 @@
 """The benchmark workloads, built in code (no downloads): a GPT, a convnet and an MLP.
 
-Each is a training step: forward, loss, backward and the optimizer step, all under
-``torch.compile``. ``edit=True`` changes one block (its activation), which is what a user's
+Each is a training step: forward, loss and backward under ``torch.compile``, then an eager
+AdamW step (fused on a GPU). The optimizer stays out of the compiled region on purpose: a
+compiled optimizer step's graph carries the weights and optimizer state themselves (840 MB for
+the GPT), takes longer to compile than the model, and is what users most often leave eager. ``edit=True`` changes one block (its activation), which is what a user's
 edit between two runs looks like to the caches: new graphs, mostly the same kernels.
 Sizes depend on the device: the GPU sizes are the issue's (the GPT is the 8-layer model of the
 shared kernel fixtures); the CPU sizes keep a run within seconds on a 2-core machine.
@@ -173,7 +175,7 @@ def build(name: str, device: str, edit: bool = False) -> Step:
 
     model = model.to(device)
     inputs_d, targets_d = inputs.to(device), targets.to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=gpu)
     autocast: dict[str, Any] = {"device_type": device.split(":")[0], "dtype": torch.bfloat16}
 
     @torch.compile(mode=mode)
@@ -184,13 +186,9 @@ def build(name: str, device: str, edit: bool = False) -> Step:
         loss.backward()
         return loss
 
-    @torch.compile(mode=mode)
-    def opt_step() -> None:
-        opt.step()
-
     def run() -> float:
         loss = fwd_bwd()
-        opt_step()
+        opt.step()
         opt.zero_grad(set_to_none=True)
         return float(loss.item())
 
