@@ -296,10 +296,17 @@ def cpu_isas() -> str:
     return "+".join(n for n in names if n) or "novec"
 
 
-def fx_target(gpu: Target | None) -> str:
-    """Where a graph's code is generated: ``cpu-<isas>``, or ``<gpu target>.cpu-<isas>``."""
-    cpu = f"cpu-{cpu_isas()}"
-    return cpu if gpu is None else f"{gpu}.{cpu}"
+def fx_target(gpu: Target | None, cpu: bool = True) -> str:
+    """Where a graph's code is generated: ``cpu-<isas>``, ``<gpu target>.cpu-<isas>``, or, for
+    a GPU graph with no CPU tensor, ``<gpu target>`` alone.
+
+    The CPU part is left out when no C++ is generated because finding the ISAs compiles a probe
+    per ISA (tens of seconds on a GPU node): stock never pays that for a GPU graph, and a
+    client that paid it on every graph took 80 s, not 24, for a GPT's first step.
+    """
+    if gpu is None:
+        return f"cpu-{cpu_isas()}"
+    return f"{gpu}.cpu-{cpu_isas()}" if cpu else str(gpu)
 
 
 @dataclass(frozen=True)

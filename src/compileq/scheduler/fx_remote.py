@@ -101,8 +101,9 @@ def fell_back(error: Fallback) -> None:
 # -- routing ----------------------------------------------------------------------------------
 
 
-def graph_gpu(gm: Any, example_inputs: Sequence[Any]) -> Target | None:
-    """The GPU a graph's code is generated for, None for a CPU-only graph.
+def graph_devices(gm: Any, example_inputs: Sequence[Any]) -> tuple[Target | None, bool]:
+    """The GPU a graph's code is generated for (None for a CPU-only graph), and whether any
+    of its tensors is on the CPU (then C++ may be generated too).
 
     Read from the example inputs and every node's fake value, so a graph that creates GPU
     tensors from CPU inputs still counts as a GPU graph.
@@ -119,8 +120,9 @@ def graph_gpu(gm: Any, example_inputs: Sequence[Any]) -> Target | None:
             if isinstance(item, torch.Tensor):
                 devices.add(item.device)
     gpus = {d for d in devices if d.type != "cpu"}
+    cpu = any(d.type == "cpu" for d in devices)
     if not gpus:
-        return None
+        return None, True
     if len(gpus) > 1 or next(iter(gpus)).type != "cuda":
         raise Fallback(
             "fx-devices", f"graph on devices compileq does not route ({sorted(map(str, gpus))})"
@@ -130,8 +132,8 @@ def graph_gpu(gm: Any, example_inputs: Sequence[Any]) -> Target | None:
         torch.cuda.current_device() if index is None else index
     )
     if torch.version.hip:
-        return Target("hip", props.gcnArchName.split(":")[0], props.warp_size)
-    return Target("cuda", str(props.major * 10 + props.minor), props.warp_size)
+        return Target("hip", props.gcnArchName.split(":")[0], props.warp_size), cpu
+    return Target("cuda", str(props.major * 10 + props.minor), props.warp_size), cpu
 
 
 def choose_route(gm: Any, example_inputs: Sequence[Any]) -> Route:
@@ -140,11 +142,11 @@ def choose_route(gm: Any, example_inputs: Sequence[Any]) -> Route:
         raise Fallback("fx-off", "remote FX codegen is not set up in this process")
     if client.redis_down():
         raise Fallback("fx-redis", f"Redis at {client.settings.redis_display} is down")
-    gpu = graph_gpu(gm, example_inputs)
+    gpu, cpu = graph_devices(gm, example_inputs)
     toolchain = _toolchains.get(gpu)
     if toolchain is None:
         toolchain = _toolchains[gpu] = local_fx_toolchain(gpu)
-    target = fx_target(gpu)
+    target = fx_target(gpu, cpu)
     queue = fx_queue(toolchain, target)
     try:
         live = client.router.has_worker(queue)

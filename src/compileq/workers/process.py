@@ -69,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         # a client asking the same question of the same CPU loads them instead of building.
         cpp_cache.enable(store, Counter.CPP_REMOTE_COMPILES)
     fx_toolchains = {fx_target(g): local_fx_toolchain(g) for g in gpus}
+    # GPU graphs without a CPU tensor are routed by the GPU alone (see fx_target).
+    fx_toolchains.update({fx_target(g, cpu=False): local_fx_toolchain(g) for g in gpus if g})
     queues += [fx_queue(tc, target) for target, tc in fx_toolchains.items()]
     host = socket.gethostname()
     worker_id = f"{host}:{args.name}:{os.getpid()}"
