@@ -111,6 +111,7 @@ def _summary(
             for name, rs in runs.items()
         },
         "counters_last_rep": counters,
+        "losses": {name: [r.result["loss"] for r in rs] for name, rs in runs.items()},
         "stock_graphs": runs["stock_cold"][0].result["fx_codegen"],
         "stock_kernels": runs["stock_cold"][0].result["kernels_submitted"],
     }

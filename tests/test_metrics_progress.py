@@ -57,7 +57,10 @@ def test_a_worker_exposes_build_counts_and_latencies_from_its_pool_processes(
     port = worker.metrics_port
     assert port is not None
     n = len(manifest_rows(GPT))
-    (queue,) = [k.decode()[len(keys.WORKERS) :] for k in clean_cache.scan_iter(keys.WORKERS + "*")]
+    (queue,) = [  # its kernel queue (it also serves an FX queue)
+        k.decode()[len(keys.WORKERS) :]
+        for k in clean_cache.scan_iter(keys.WORKERS + keys.QUEUE_PREFIX + "*")
+    ]
     labels = {"kind": "triton", "queue": queue}
     built = {**labels, "outcome": "built"}
     # The session's worker has served other tests: compare against what it showed before.
