@@ -100,18 +100,23 @@ def execute_compile_triton(key: object) -> str:
     return "built"
 
 
-def _load_job(ctx: WorkerContext, key: str) -> TritonJob:
+def open_job(ctx: WorkerContext, key: str) -> bytes:
+    """The verified bytes of the job stored for ``key`` (any kind); counted and refused if its
+    signature fails, since building it means running what it contains."""
     raw = cast("bytes | None", ctx.store.client.get(keys.job(key)))
     if raw is None:
         raise CompileqError("job spec missing (expired, or never written by a client)")
     try:
-        spec = open_sealed(
+        return open_sealed(
             ctx.settings.secret_bytes(), keys.job(key), raw, ctx.settings.max_entry_bytes
         )
     except IntegrityError as e:
         ctx.store.count({Counter.INTEGRITY_FAILURES: 1})
         raise CompileqError(f"job spec rejected: {e}") from e
-    job = TritonJob.from_json(spec)
+
+
+def _load_job(ctx: WorkerContext, key: str) -> TritonJob:
+    job = TritonJob.from_json(open_job(ctx, key))
     target = job.target
     toolchain = ctx.toolchains.get(target) if target else None
     if target is None or toolchain is None:

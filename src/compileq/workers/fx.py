@@ -14,17 +14,15 @@ import contextlib
 import os
 import time
 from collections.abc import Iterator
-from typing import cast
 
 from compileq import keys
 from compileq._log import log
 from compileq.cache import meta
 from compileq.cache.counters import Counter
-from compileq.cache.envelope import open_sealed
-from compileq.errors import CompileqError, IntegrityError, ToolchainMismatch
+from compileq.errors import CompileqError, ToolchainMismatch
 from compileq.tasks.events import Done, announce
 from compileq.tasks.fx_jobs import CODEGEN_ENV, FX, FxJob
-from compileq.workers.execute import WorkerContext, context, finish, reject
+from compileq.workers.execute import WorkerContext, context, finish, open_job, reject
 
 _installed_pid: int | None = None
 
@@ -65,17 +63,7 @@ def execute_compile_fx(key: object) -> str:
 
 
 def _load_job(ctx: WorkerContext, key: str) -> FxJob:
-    raw = cast("bytes | None", ctx.store.client.get(keys.job(key)))
-    if raw is None:
-        raise CompileqError("job missing (expired, or never written by a client)")
-    try:
-        data = open_sealed(
-            ctx.settings.secret_bytes(), keys.job(key), raw, ctx.settings.max_entry_bytes
-        )
-    except IntegrityError as e:
-        ctx.store.count({Counter.INTEGRITY_FAILURES: 1})
-        raise CompileqError(f"job rejected: {e}") from e
-    job = FxJob.from_bytes(data)
+    job = FxJob.from_bytes(open_job(ctx, key))
     toolchain = ctx.fx_toolchains.get(job.target)
     if toolchain is None:
         raise ToolchainMismatch(f"this worker does not generate code for {job.target}")
