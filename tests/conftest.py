@@ -98,7 +98,12 @@ class Worker:
 def start_worker(env: Env, logdir: Path, *args: str) -> Worker:
     log = logdir / f"worker-{time.monotonic_ns()}.log"
     settings = Settings(redis_url=env.redis_url, secret=SECRET)
-    worker_env = env.vars(TRITON_CACHE_DIR=str(logdir / "worker-triton"))
+    # Its own Inductor cache too: the default (/tmp/torchinductor_<user>) outlives the session,
+    # and objects found there are shared, not compiled, which tests counting compiles must see.
+    worker_env = env.vars(
+        TRITON_CACHE_DIR=str(logdir / "worker-triton"),
+        TORCHINDUCTOR_CACHE_DIR=str(logdir / "worker-inductor"),
+    )
     argv = ["--cpu-only", "--arch", "sm_90", "--concurrency", "2", *args]
     return Worker(localstack.start_worker(settings, argv, log, env=worker_env), log)
 
