@@ -132,7 +132,7 @@ def test_a_graph_inductor_will_not_serialize_compiles_in_process_and_matches_eag
     assert run.result == {**run.result, "matches_eager": True, "compileq": True}
     counters = stats(env, tmp_path)
     assert counters["fx_remote_compiles"] == 0
-    assert counters["fallbacks"] == 2  # forward and backward graph
+    assert counters["fallbacks"] == 1  # its one graph (cond takes the branch at run time)
     assert run.stderr.count("Inductor will not serialize a graph") == 1  # logged once
 
 
