@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 import time
@@ -37,10 +38,12 @@ class Run:
     stderr: str
 
 
-def run_client(env: Env, tmp: Path, name: str, script: Path, *flags: str) -> Run:
-    """``compileq run [FLAGS] -- python SCRIPT`` as a fresh process with empty local caches."""
+def run_client(
+    env: Env, tmp: Path, name: str, script: Path, *flags: str, args: tuple[str, ...] = ()
+) -> Run:
+    """``compileq run [FLAGS] -- python SCRIPT [ARGS]``: a fresh process, empty local caches."""
     proc = subprocess.run(
-        compileq_cmd("run", *flags, "--", sys.executable, str(script)),
+        compileq_cmd("run", *flags, "--", sys.executable, str(script), *args),
         env=env.vars(
             TORCHINDUCTOR_CACHE_DIR=str(tmp / name / "inductor"),
             TRITON_CACHE_DIR=str(tmp / name / "triton"),
@@ -72,9 +75,12 @@ def two_machines(
     """
     tmp = tmp_path_factory.mktemp("fx-two-machines")
     wipe_cache(redis_server.client())
-    first = run_client(env, tmp, "first", TRAIN)
+    # A width no other test uses: the worker's own disk cache cannot hold these kernels yet,
+    # so its C++ compiler must run, whatever ran before in this session.
+    width = (str(random.randrange(65, 1000)),)
+    first = run_client(env, tmp, "first", TRAIN, args=width)
     after_first = stats(env, tmp)
-    second = run_client(env, tmp, "second", TRAIN)
+    second = run_client(env, tmp, "second", TRAIN, args=width)
     return TwoMachines(first, after_first, second, stats(env, tmp))
 
 
@@ -87,7 +93,9 @@ def test_a_model_compiled_through_a_worker_matches_eager_forward_and_backward(
     assert counters["fx_remote_compiles"] == 2
     assert counters["fx_local_compiles"] == 0
     # The C++ kernels of that codegen were built on the worker too, and the client loading the
-    # output code found them in the store instead of compiling them again.
+    # output code found them in the store instead of compiling them again. (The client may
+    # still compile the CPU's vector-ISA probes if the cache was emptied after the worker
+    # shared its own: routing asks which ISAs this CPU has.)
     assert counters["cpp_remote_compiles"] > 0 and counters["cpp_hits"] > 0
     assert counters["fallbacks"] == 0
     assert "compiling the graph in process" not in run.stderr
@@ -124,7 +132,7 @@ def test_a_graph_inductor_will_not_serialize_compiles_in_process_and_matches_eag
     assert run.result == {**run.result, "matches_eager": True, "compileq": True}
     counters = stats(env, tmp_path)
     assert counters["fx_remote_compiles"] == 0
-    assert counters["fallbacks"] == 2  # forward and backward graph
+    assert counters["fallbacks"] == 1  # its one graph (cond takes the branch at run time)
     assert run.stderr.count("Inductor will not serialize a graph") == 1  # logged once
 
 

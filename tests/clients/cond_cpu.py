@@ -1,6 +1,6 @@
 """A model whose graph holds ``torch.cond``, a higher-order op Inductor will not serialize for
-an out-of-process compile (``FxGraphCache._check_for_hop``): compiled, run forward and backward,
-compared with eager. Prints one JSON line like train_cpu.py.
+an out-of-process compile (``FxGraphCache._check_for_hop``): compiled for inference and
+compared with eager (one graph keeps the test short). Prints one JSON line like train_cpu.py.
 """
 
 from __future__ import annotations
@@ -25,19 +25,12 @@ class Gated(nn.Module):
 
 def main() -> None:
     torch.manual_seed(0)
-    model, x = Gated(), torch.randn(8, 16)
-    eager_out = model(x)
-    eager_out.square().sum().backward()
-    eager_grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
-    model.zero_grad()
-    out = torch.compile(model, fullgraph=True)(x)
-    out.square().sum().backward()
-    same = torch.allclose(out, eager_out, atol=1e-5) and all(
-        torch.allclose(p.grad, g, atol=1e-5)
-        for p, g in zip(
-            [p for p in model.parameters() if p.grad is not None], eager_grads, strict=True
-        )
-    )
+    model = Gated()
+    with torch.no_grad():
+        compiled = torch.compile(model, fullgraph=True)
+        # The predicate depends on data, so the compiled graph holds both branches.
+        inputs = [torch.randn(8, 16), -torch.randn(8, 16) * 3]
+        same = all(torch.allclose(compiled(x), model(x), atol=1e-5) for x in inputs)
     import compileq.scheduler as sched
 
     print(json.dumps({"matches_eager": same, "compileq": sched.installed_pool() is not None}))

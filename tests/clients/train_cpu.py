@@ -6,6 +6,7 @@ Prints one JSON line: whether outputs and gradients match eager, and the first c
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 import torch
@@ -13,11 +14,11 @@ from torch import nn
 
 
 class Net(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, hidden: int = 64) -> None:
         super().__init__()
         self.conv = nn.Conv1d(8, 16, 3, padding=1)
         self.norm = nn.LayerNorm(16)
-        self.mlp = nn.Sequential(nn.Linear(16, 64), nn.SiLU(), nn.Linear(64, 16))
+        self.mlp = nn.Sequential(nn.Linear(16, hidden), nn.SiLU(), nn.Linear(hidden, 16))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.conv(x).transpose(1, 2)
@@ -27,7 +28,8 @@ class Net(nn.Module):
 
 def main() -> None:
     torch.manual_seed(0)
-    model, x = Net(), torch.randn(4, 8, 32)
+    # An optional hidden width gives a model (and kernels) no earlier run has compiled.
+    model, x = Net(*(int(a) for a in sys.argv[1:2])), torch.randn(4, 8, 32)
     eager_out = model(x)
     eager_out.square().sum().backward()
     eager_grads = [p.grad.clone() for p in model.parameters()]
