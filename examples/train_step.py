@@ -15,31 +15,7 @@ import time
 import torch
 from torch import nn
 
-
-class Block(nn.Module):
-    def __init__(self, d: int, heads: int) -> None:
-        super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
-        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.ln1(x)
-        mask = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool, device=x.device).triu(1)
-        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
-        return x + self.mlp(self.ln2(x))
-
-
-class GPT(nn.Module):
-    def __init__(self, vocab: int, d: int, heads: int, layers: int, seq: int) -> None:
-        super().__init__()
-        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(seq, d)
-        self.blocks = nn.Sequential(*(Block(d, heads) for _ in range(layers)))
-        self.head = nn.Linear(d, vocab)
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(idx.shape[1], device=idx.device)
-        return self.head(self.blocks(self.tok(idx) + self.pos(pos)))
+from compileq.demo_step import TinyGPT
 
 
 def main() -> None:
@@ -58,7 +34,7 @@ def main() -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
     vocab = 8192
-    model = GPT(vocab, args.d, 8, args.layers, args.seq).to(device)
+    model = TinyGPT(vocab, args.d, args.layers, args.seq).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     data = torch.randint(0, vocab, (args.batch, args.seq + 1), device=device)
 

@@ -25,11 +25,11 @@ from torch import nn
 
 
 class ConvNet(nn.Module):  # type: ignore[misc]  # torch is untyped to mypy here
-    def __init__(self) -> None:
+    def __init__(self, hidden: int = 64) -> None:
         super().__init__()
         self.conv = nn.Conv1d(8, 16, 3, padding=1)
         self.norm = nn.LayerNorm(16)
-        self.mlp = nn.Sequential(nn.Linear(16, 64), nn.SiLU(), nn.Linear(64, 16))
+        self.mlp = nn.Sequential(nn.Linear(16, hidden), nn.SiLU(), nn.Linear(hidden, 16))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.conv(x).transpose(1, 2)

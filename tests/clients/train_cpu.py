@@ -10,26 +10,15 @@ import sys
 import time
 
 import torch
-from torch import nn
 
-
-class Net(nn.Module):
-    def __init__(self, hidden: int = 64) -> None:
-        super().__init__()
-        self.conv = nn.Conv1d(8, 16, 3, padding=1)
-        self.norm = nn.LayerNorm(16)
-        self.mlp = nn.Sequential(nn.Linear(16, hidden), nn.SiLU(), nn.Linear(hidden, 16))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.conv(x).transpose(1, 2)
-        h = self.norm(h)
-        return (h + self.mlp(h)).tanh().mean(dim=1)
+# The packaged demo's CPU model (conv + LayerNorm + MLP): the C++ path, a few graphs.
+from compileq.demo_step import ConvNet
 
 
 def main() -> None:
     torch.manual_seed(0)
     # An optional hidden width gives a model (and kernels) no earlier run has compiled.
-    model, x = Net(*(int(a) for a in sys.argv[1:2])), torch.randn(4, 8, 32)
+    model, x = ConvNet(*(int(a) for a in sys.argv[1:2])), torch.randn(4, 8, 32)
     eager_out = model(x)
     eager_out.square().sum().backward()
     eager_grads = [p.grad.clone() for p in model.parameters()]
