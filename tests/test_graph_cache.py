@@ -50,6 +50,13 @@ def test_a_new_machine_gets_fx_graphs_and_cpp_kernels_from_redis(
     assert warm["fx_local_compiles"] == cold["fx_local_compiles"]
     assert warm["cpp_local_compiles"] == cold["cpp_local_compiles"]
     assert warm["cpp_misses"] == cold["cpp_misses"] and warm["fx_misses"] == cold["fx_misses"]
+    # Nor did Inductor's vector-ISA probes (a compile and a Python subprocess per ISA): their
+    # verdicts for this very CPU came from the store, so no probe source was even written.
+    assert _probe_sources(tmp_path / "first") and not _probe_sources(tmp_path / "second")
+
+
+def _probe_sources(machine: Path) -> list[Path]:
+    return [p for p in machine.rglob("*.cpp") if "__avx" in p.read_text(errors="replace")]
 
 
 def test_compileq_run_passes_arguments_and_the_exit_code_through(env: Env) -> None:

@@ -12,6 +12,7 @@ not do this, so a stock "warm" start still runs the C++ compiler for every kerne
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -124,15 +125,63 @@ def _isa_probe_object(isa: Any, code: str) -> str:
     return str(builder.get_target_file_path())
 
 
-def _check_build(isa: Any, code: str) -> bool:
-    """Inductor's vector-ISA check with its compile served from the store.
+@functools.cache
+def _cpu_flags() -> str | None:
+    """This CPU's feature flags as the kernel reports them (None where it does not)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return " ".join(sorted(set(line.split(":", 1)[1].split())))
+    except OSError:
+        pass
+    return None
 
-    Only the compile of the probe is shared; loading it, which is the actual test of this
-    CPU, still happens here. On a new machine this saves a C++ build of a few seconds.
+
+def _isa_verdict_key(isa: Any, code: str) -> str | None:
+    """The key of a probe's verdict: everything that decides whether it compiles and loads."""
+    from compileq.fingerprint import torch_identity
+
+    cpu = _cpu_flags()
+    if cpu is None:
+        return None
+    material = {
+        "kind": "isa",
+        "format": 1,
+        "isa": str(isa),
+        "arch_flags": isa.build_arch_flags(),
+        "probe": hashlib.sha256(code.encode()).hexdigest(),
+        "compiler": compiler_identity(),
+        "machine": platform.machine(),
+        "torch": torch_identity(),
+        "cpu_flags": cpu,
+    }
+    digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+    return keys.artifact("isa", digest)
+
+
+def _check_build(isa: Any, code: str) -> bool:
+    """Inductor's vector-ISA check, its verdict and its compile served from the store.
+
+    Inductor compiles a probe per ISA and loads it in a fresh Python subprocess: about a
+    second per ISA on a new machine, the largest cost left in a new machine's first call. The
+    verdict is keyed by everything that decides it (the ISA, the probe and its flags, the
+    compiler, torch, and this CPU's exact feature flags), so only a machine with the same CPU
+    and toolchain skips the probe. The rejected alternative, sharing only the probe's build
+    and always loading it here, kept that second per ISA on every new machine.
     """
     assert _original_check_build is not None
     store = _store
-    target = key = None
+    target = key = verdict = None
+    if store is not None:
+        try:
+            verdict = _isa_verdict_key(isa, code)
+            known = store.get_many([verdict])[0] if verdict is not None else None
+            if known is not None:
+                return known.payload() == b"1"
+        except Exception as e:  # Redis, or another torch's internals: probe as Inductor does
+            warn_once("isa-cache", "compileq: ISA probe not cached: %s", e)
+            verdict = None
     if store is not None:
         try:
             target = _isa_probe_object(isa, code)
@@ -151,6 +200,9 @@ def _check_build(isa: Any, code: str) -> bool:
     ok = bool(_original_check_build(isa, code))
     if ok and store is not None and key is not None and target is not None:
         _store_built(store, key, target)
+    if store is not None and verdict is not None:
+        with contextlib.suppress(redis.RedisError, CompileqError):
+            store.put(verdict, b"1" if ok else b"0")
     return ok
 
 
