@@ -39,7 +39,7 @@ GPT = FIXTURES / "gpt_head.jsonl"
 
 
 def artifact_keys(client: redis.Redis) -> list[bytes]:
-    return sorted(client.scan_iter(match=keys.ARTIFACT + "*"))
+    return sorted(client.scan_iter(match=keys.artifact("triton", "") + "*"))
 
 
 def test_kernels_compile_on_the_worker_into_real_cubins(

@@ -68,7 +68,7 @@ def test_a_worker_exposes_build_counts_and_latencies_from_its_pool_processes(
     assert warm_json(env, GPT, tmp_path)["remote"] == n
     # An entry already present (a duplicate delivery) and a malformed message.
     sender = client_app(settings)
-    present = next(clean_cache.scan_iter(match=keys.ARTIFACT + "*")).decode()
+    present = next(clean_cache.scan_iter(match=keys.artifact("triton", "") + "*")).decode()
     sender.send_task(COMPILE_TRITON, args=[present], queue=queue)
     sender.send_task(COMPILE_TRITON, args=["not-a-key"], queue=queue)
 
