@@ -79,21 +79,24 @@ class Progress:
                 t.remote += 1
             else:
                 t.local += 1
-            first = self._started is None
-            if first:
-                self._started = time.monotonic()
-        if first:
-            self._begin()
-        if self._thread is not None:  # only a terminal has a reader; skip the wake-up otherwise
-            self._changed.set()
+            first = self._mark_started()
+        self._changed_after(first)
 
     def graph(self, hit: bool) -> None:
         with self._lock:
             self._tally.graphs += 1
             self._tally.graph_hits += hit
-            first = self._started is None
-            if first:
-                self._started = time.monotonic()
+            first = self._mark_started()
+        self._changed_after(first)
+
+    def _mark_started(self) -> bool:
+        """Under the lock: note the first event's time; True if this was it."""
+        first = self._started is None
+        if first:
+            self._started = time.monotonic()
+        return first
+
+    def _changed_after(self, first: bool) -> None:
         if first:
             self._begin()
         if self._thread is not None:  # only a terminal has a reader; skip the wake-up otherwise

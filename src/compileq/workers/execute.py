@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import cast
@@ -48,16 +49,23 @@ def context() -> WorkerContext:
     return _context
 
 
+def already_done(ctx: WorkerContext, key: object, kind: str) -> str | None:
+    """The outcome of a task that needs no build: a malformed key (rejected), or an entry
+    already stored (a duplicate delivery, or a client that built it while this waited)."""
+    if not isinstance(key, str) or not key.startswith(keys.artifact(kind, "")):
+        return reject(ctx, repr(key)[:200], f"malformed task message: expected a {kind} key")
+    if ctx.store.get_many([key])[0] is not None:
+        settle(ctx.store.client, key)
+        return "cached"
+    return None
+
+
 def execute_compile_triton(key: object) -> str:
     ctx = context()
     client = ctx.store.client
-    if not isinstance(key, str) or not key.startswith(keys.artifact(TRITON, "")):
-        return reject(ctx, repr(key)[:200], "malformed task message: expected an artifact key")
-    # A duplicate delivery, or a client that built it locally while this waited in the queue.
-    if ctx.store.get_many([key])[0] is not None:
-        finish(client, key)
-        announce(client, Done(key, True))
-        return "cached"
+    if (outcome := already_done(ctx, key, TRITON)) is not None:
+        return outcome
+    assert isinstance(key, str)
     try:
         job = _load_job(ctx, key)
     except (CompileqError, ValueError) as e:
@@ -77,8 +85,7 @@ def execute_compile_triton(key: object) -> str:
             {Counter.KERNEL_REMOTE_FAILURES: 1}, {queue: {Counter.KERNEL_REMOTE_FAILURES: 1}}
         )
         log.warning("compileq worker: build of %s (%s) failed: %s", job.name, key, e)
-        finish(client, key)
-        announce(client, Done(key, False, f"{type(e).__name__}: {e}"))
+        settle(client, key, f"{type(e).__name__}: {e}")
         return "failed"
     records = [meta.record_build_time(TRITON, key, job.name, seconds, ctx.worker_id)]
     if wrote:
@@ -94,8 +101,7 @@ def execute_compile_triton(key: object) -> str:
     ctx.store.count(
         {Counter.KERNEL_REMOTE_COMPILES: 1}, {queue: {Counter.KERNEL_REMOTE_COMPILES: 1}}, records
     )
-    finish(client, key)
-    announce(client, Done(key, True))
+    settle(client, key)
     log.info("compileq worker: built %s in %.2fs", job.name, seconds)
     return "built"
 
@@ -131,14 +137,17 @@ def reject(ctx: WorkerContext, key: str, reason: str) -> str:
     log.error("compileq worker: rejected task %s: %s", key, reason)
     ctx.store.count({Counter.REJECTED_TASKS: 1})
     if key.startswith(keys.ARTIFACT):
-        try:
-            finish(ctx.store.client, key)
-            announce(ctx.store.client, Done(key, False, reason))
-        except redis.RedisError:
-            pass
+        with contextlib.suppress(redis.RedisError):
+            settle(ctx.store.client, key, reason)
     return "rejected"
 
 
 def finish(client: redis.Redis, key: str) -> None:
     """Drop the job and the lease of a task that is over (built, failed or rejected)."""
     client.delete(keys.lock(key), keys.job(key))
+
+
+def settle(client: redis.Redis, key: str, error: str | None = None) -> None:
+    """End a task: drop its job and lease, then tell every waiting client how it went."""
+    finish(client, key)
+    announce(client, Done(key, error is None, error))

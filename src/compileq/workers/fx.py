@@ -20,9 +20,8 @@ from compileq._log import log
 from compileq.cache import meta
 from compileq.cache.counters import Counter
 from compileq.errors import CompileqError, ToolchainMismatch
-from compileq.tasks.events import Done, announce
 from compileq.tasks.fx_jobs import CODEGEN_ENV, FX, FxJob
-from compileq.workers.execute import WorkerContext, context, finish, open_job, reject
+from compileq.workers.execute import WorkerContext, already_done, context, open_job, reject, settle
 
 _installed_pid: int | None = None
 
@@ -30,12 +29,9 @@ _installed_pid: int | None = None
 def execute_compile_fx(key: object) -> str:
     ctx = context()
     client = ctx.store.client
-    if not isinstance(key, str) or not key.startswith(keys.artifact(FX, "")):
-        return reject(ctx, repr(key)[:200], "malformed task message: expected an FX artifact key")
-    if ctx.store.get_many([key])[0] is not None:  # a duplicate delivery
-        finish(client, key)
-        announce(client, Done(key, True))
-        return "cached"
+    if (outcome := already_done(ctx, key, FX)) is not None:
+        return outcome
+    assert isinstance(key, str)
     try:
         job = _load_job(ctx, key)
     except (CompileqError, ValueError) as e:
@@ -47,8 +43,7 @@ def execute_compile_fx(key: object) -> str:
         ctx.store.put(key, output)
     except Exception as e:  # Inductor's own error, or EntryTooLarge: the client compiles it
         log.warning("compileq worker: FX codegen of %s failed: %s", key, e)
-        finish(client, key)
-        announce(client, Done(key, False, f"{type(e).__name__}: {e}"))
+        settle(client, key, f"{type(e).__name__}: {e}")
         return "failed"
     seconds = time.perf_counter() - started
     ctx.store.count(
@@ -56,9 +51,8 @@ def execute_compile_fx(key: object) -> str:
         None,
         [meta.record_build_time(FX, key, key[len(keys.ARTIFACT) :][:48], seconds, ctx.worker_id)],
     )
-    finish(client, key)
-    announce(client, Done(key, True))
-    log.info("compileq worker: generated graph %s in %.2fs", key, time.perf_counter() - started)
+    settle(client, key)
+    log.info("compileq worker: generated graph %s in %.2fs", key, seconds)
     return "built"
 
 
