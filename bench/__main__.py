@@ -18,6 +18,8 @@ import argparse
 import datetime
 import json
 import os
+import shutil
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -85,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     log = out / "runs.log"
     results: dict[str, Any] = {"meta": _meta(gpu, argv)}
+    # `timeout` (as on the device) sends SIGTERM: exit through the finally below, which stops
+    # the worker and keeps the logs, instead of dying where the signal lands.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     workdir = new_workdir()
     cluster = Cluster(workdir, gpu).start()
     dirs = CacheDirs(workdir / "machines")
@@ -132,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         cluster.close()
         save()
+        # Kept beside the results: a failed build or FX job is explained only there.
+        for worker_log in workdir.glob("worker-*.log"):
+            shutil.copy(worker_log, out / worker_log.name)
     chart(results, out / "bench.png")
     print(render(results))
     return 0

@@ -27,6 +27,7 @@ CLIENTS = Path(__file__).parent / "clients"
 TRAIN = CLIENTS / "train_cpu.py"
 COND = CLIENTS / "cond_cpu.py"
 TINY = CLIENTS / "tiny_cpu.py"  # where any graph will do: fewer kernels, a shorter suite
+POSITIONS = CLIENTS / "positions_cpu.py"  # prims ops in its graphs
 
 #: Every counter that grows when graph code is generated or a C++ kernel is compiled.
 COMPILES = ("fx_local_compiles", "fx_remote_compiles", "cpp_local_compiles", "cpp_remote_compiles")
@@ -235,3 +236,15 @@ def test_a_graph_whose_job_is_over_the_cap_compiles_in_process_and_says_so_once(
     assert after["fx_local_compiles"] - before["fx_local_compiles"] == 1  # the optimizer step
     assert after["fallbacks"] - before["fallbacks"] == 1
     assert proc.stderr.count("over the cap") == 1
+
+
+def test_a_graph_with_prims_ops_from_arange_is_generated_on_the_worker(
+    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
+) -> None:
+    # torch.arange reaches Inductor as prims.iota, which Inductor's cache pickler refuses; the
+    # GPT of the benchmark fell back to in-process codegen on the GPU because of it.
+    run = run_client(env, tmp_path, "positions", POSITIONS)
+    assert run.result == {**run.result, "matches_eager": True, "compileq": True}
+    counters = stats(env, tmp_path)
+    assert counters["fx_remote_compiles"] == 2 and counters["fx_local_compiles"] == 0
+    assert counters["fallbacks"] == 0

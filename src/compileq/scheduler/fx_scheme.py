@@ -19,6 +19,7 @@ from torch._inductor.compile_fx_ext import (
 from compileq.scheduler import fx_remote
 from compileq.scheduler.fx_remote import Fallback, Route
 from compileq.tasks.fx_jobs import FxJob
+from compileq.tasks.fx_ops import wire_ops
 
 
 class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
@@ -68,7 +69,7 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
         # unset (-1): pin it in the config that travels, or a worker with other cores would
         # write code for its own machine. It is the value stock would use here.
         pinned = {"cpp.threads": torch.get_num_threads()} if config.cpp.threads < 1 else {}
-        with config.patch(pinned):
+        with config.patch(pinned), wire_ops():
             serialized = super().serialize_compile(
                 gm, example_inputs, inputs_to_check, graph_kwargs
             )

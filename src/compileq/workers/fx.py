@@ -21,6 +21,7 @@ from compileq.cache import meta
 from compileq.cache.counters import Counter
 from compileq.errors import CompileqError, ToolchainMismatch
 from compileq.tasks.fx_jobs import CODEGEN_ENV, FX, FxJob
+from compileq.tasks.fx_ops import wire_ops
 from compileq.workers.execute import WorkerContext, already_done, context, open_job, reject, settle
 
 _installed_pid: int | None = None
@@ -79,7 +80,8 @@ def generate(ctx: WorkerContext, job: FxJob) -> bytes:
     # dirs they point at) must not leak into this one.
     clear_caches()
     torch._inductor.metrics.reset()
-    with _codegen_env(job.env):
+    # The output carries the graph's ops back; wire_ops admits the same ones both ways.
+    with _codegen_env(job.env), wire_ops():
         output = _OutOfProcessFxCompile._run_in_child(_WireProtocolPickledInput(job.pickled_input))
     return bytes(output.value)
 

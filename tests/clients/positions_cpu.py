@@ -1,0 +1,45 @@
+"""A training step whose graphs hold ``prims`` ops: positions from ``torch.arange`` (lowered to
+``prims.iota``), as in any transformer with learned position embeddings. Inductor's own graph
+pickler refuses every op outside ``aten`` for its caches; compileq's wire must still carry such
+graphs to a worker. Prints one JSON line like train_cpu.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from torch import nn
+
+
+class Positional(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.pos = nn.Embedding(32, 16)
+        self.proj = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(x.shape[1], device=x.device)
+        return self.proj(x + self.pos(positions)).tanh()
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    model, reference = Positional(), Positional()
+    reference.load_state_dict(model.state_dict())
+    x = torch.randn(4, 24, 16)
+    eager_out = reference(x)
+    eager_out.sum().backward()
+    out = torch.compile(model)(x)
+    out.sum().backward()
+    same = torch.allclose(out, eager_out, atol=1e-5) and all(
+        torch.allclose(p.grad, q.grad, atol=1e-5)
+        for p, q in zip(model.parameters(), reference.parameters(), strict=True)
+    )
+    import compileq.scheduler as sched
+
+    print(json.dumps({"matches_eager": same, "compileq": sched.installed_pool() is not None}))
+
+
+if __name__ == "__main__":
+    main()
