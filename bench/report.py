@@ -36,7 +36,8 @@ def first_step_table(fs: dict[str, Any]) -> tuple[str, list[tuple[str, str, bool
         ("compileq, new machine, edited model", "cq_edit"),
     ]
     lines = [
-        f"**{fs['workload']}** (median of {fs['reps']} fresh processes each; first step = "
+        f"**{fs['workload']}** (median of the fresh processes under 'all reps': "
+        f"{fs['reps']} complete repetitions, then any runs of a repetition cut short; first step = "
         "forward and backward including compilation, then the optimizer step)",
         "",
         "| run | first step (s) | all reps (s) | vs stock cold | loss equal stock |",

@@ -60,6 +60,10 @@ def first_steps(
     def record(name: str, run: Run) -> None:
         runs.setdefault(name, []).append(run)
         print(f"  {workload} {name}: first step {run.first_step_s:.2f}s", flush=True)
+        if after_rep is not None and "cq_edit" in runs:
+            # Saved after every run once a repetition is complete: a run cut short by a time
+            # limit keeps the runs of its last, partial repetition too.
+            after_rep(_summary(workload, runs, counters))
 
     for _ in range(reps):
         cluster.flush()
@@ -88,7 +92,7 @@ def first_steps(
             "cq_new": _delta(new, mid),
             "cq_edit": _delta(cluster.stats(), new),
         }
-        if after_rep is not None:  # a long run that is cut short keeps what it measured
+        if after_rep is not None:
             after_rep(_summary(workload, runs, counters))
     return _summary(workload, runs, counters)
 
@@ -103,7 +107,7 @@ def _summary(
     }
     return {
         "workload": workload,
-        "reps": len(runs["stock_cold"]),
+        "reps": min(len(rs) for rs in runs.values()),  # complete repetitions
         "median_s": {name: _median(rs) for name, rs in runs.items()},
         "all_s": {name: [round(r.first_step_s, 3) for r in rs] for name, rs in runs.items()},
         "loss_equal_stock": {

@@ -27,7 +27,7 @@ CLIENTS = Path(__file__).parent / "clients"
 TRAIN = CLIENTS / "train_cpu.py"
 COND = CLIENTS / "cond_cpu.py"
 TINY = CLIENTS / "tiny_cpu.py"  # where any graph will do: fewer kernels, a shorter suite
-POSITIONS = CLIENTS / "positions_cpu.py"  # prims ops in its graphs
+POSITIONS = CLIENTS / "positions.py"  # prims ops in its graphs
 
 #: Every counter that grows when graph code is generated or a C++ kernel is compiled.
 COMPILES = ("fx_local_compiles", "fx_remote_compiles", "cpp_local_compiles", "cpp_remote_compiles")

@@ -38,6 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metrics-port", type=int, default=None)
     args = parser.parse_args(argv)
 
+    from compileq.workers import cuda_fork
+
+    cuda_fork.prefer_nvml()
+    cuda_fork.watch()
     from compileq.cache.store import RedisStore, redis_client
     from compileq.config import get_settings
     from compileq.fingerprint import Target, fx_target, local_fx_toolchain, local_toolchain
@@ -71,6 +75,15 @@ def main(argv: list[str] | None = None) -> int:
     fx_toolchains = {fx_target(g): local_fx_toolchain(g) for g in gpus}
     # GPU graphs without a CPU tensor are routed by the GPU alone (see fx_target).
     fx_toolchains.update({fx_target(g, cpu=False): local_fx_toolchain(g) for g in gpus if g})
+    if not cuda_fork.forks_cleanly():
+        # Pool processes could not generate GPU graphs: serve only the CPU ones.
+        log.warning(
+            "compileq worker %s: CUDA was initialised before the pool forked, so this worker "
+            "will not generate GPU graphs (clients compile them in process). First CUDA call:\n%s",
+            args.name,
+            cuda_fork.first_touch() or "(not seen)",
+        )
+        fx_toolchains = {t: tc for t, tc in fx_toolchains.items() if t.startswith("cpu-")}
     queues += [fx_queue(tc, target) for target, tc in fx_toolchains.items()]
     host = socket.gethostname()
     worker_id = f"{host}:{args.name}:{os.getpid()}"
