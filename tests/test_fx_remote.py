@@ -248,3 +248,38 @@ def test_a_graph_with_prims_ops_from_arange_is_generated_on_the_worker(
     counters = stats(env, tmp_path)
     assert counters["fx_remote_compiles"] == 2 and counters["fx_local_compiles"] == 0
     assert counters["fallbacks"] == 0
+
+
+def test_waiting_for_a_graph_ignores_other_builds_announced_meanwhile(
+    clean_cache: redis.Redis, settings: Settings
+) -> None:
+    # On the GPU the worker's codegen builds dozens of kernels while the client waits, each
+    # announced on the channel the client listens to. One arriving when the client was due to
+    # poll was once taken for "output missing", and the graph was compiled twice.
+    import threading
+    from types import SimpleNamespace
+
+    from compileq.scheduler import fx_remote
+    from compileq.tasks import events
+
+    store = RedisStore(clean_cache, settings)
+    key = keys.artifact(FX, "9" * 64)
+    pubsub = clean_cache.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(keys.DONE_CHANNEL)
+    pubsub.get_message(timeout=1)
+
+    def worker_side() -> None:
+        for i in range(40):  # 2 s of other kernels' announcements, past the client's poll
+            events.announce(clean_cache, events.Done(keys.artifact("triton", f"{i:064d}"), True))
+            time.sleep(0.05)
+        store.put(key, b"the graph's output")
+        events.announce(clean_cache, events.Done(key, True))
+
+    announcer = threading.Thread(target=worker_side)
+    announcer.start()
+    try:
+        client = SimpleNamespace(store=store, settings=settings)
+        assert fx_remote._wait(client, pubsub, key, time.monotonic() + 30) == b"the graph's output"
+    finally:
+        announcer.join()
+        pubsub.close()

@@ -209,14 +209,17 @@ def _wait(client: KernelClient, pubsub: Any, key: str, deadline: float) -> bytes
         done = (
             events.parse(message["data"]) if message and message.get("type") == "message" else None
         )
-        if done is not None and done.key == key and not done.ok:
-            raise Fallback("fx-failed", f"the worker's FX compile failed ({done.error})")
-        if (done is not None and done.key == key) or time.monotonic() - last_poll >= _POLL_S:
+        # Every build in the cluster is announced on the same channel (the kernels this very
+        # codegen builds on the worker too): only this job's announcement says anything here.
+        ours = done if done is not None and done.key == key else None
+        if ours is not None and not ours.ok:
+            raise Fallback("fx-failed", f"the worker's FX compile failed ({ours.error})")
+        if ours is not None or time.monotonic() - last_poll >= _POLL_S:
             last_poll = time.monotonic()
             entry = store.get_many([key])[0]
             if entry is not None:
                 return entry.payload()
-            if done is not None:  # announced, then evicted or rejected as corrupt
+            if ours is not None:  # announced, then evicted or rejected as corrupt
                 raise Fallback("fx-lost", "the worker's output is missing from the store")
 
 
