@@ -104,6 +104,15 @@ def test_compose_accepts_the_file() -> None:
         text=True,
     )
     assert with_secret.returncode == 0, with_secret.stderr
+    gpu = subprocess.run(
+        [*compose, "--profile", "gpu", "config"],
+        env={**env, "COMPILEQ_SECRET": "s"},
+        capture_output=True,
+        text=True,
+    )
+    assert gpu.returncode == 0, gpu.stderr
+    # The GPU workers and trainer reserve GPUs (no host here has one to run them on).
+    assert gpu.stdout.count("capabilities:") >= 2 and "- gpu" in gpu.stdout
 
 
 def test_kubernetes_workers_run_the_same_commands_as_the_compose_workers() -> None:
