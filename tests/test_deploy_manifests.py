@@ -93,25 +93,18 @@ def test_compose_accepts_the_file() -> None:
         if os.environ.get("CI"):
             pytest.fail("docker compose is required in CI (make docker installs it)")
         pytest.skip("neither docker compose nor docker-compose is installed")
-    compose = [str(ROOT / "docker" / "stack.sh"), "compose"]
     env = {k: v for k, v in os.environ.items() if k != "COMPILEQ_SECRET"}
-    without = subprocess.run([*compose, "config"], env=env, capture_output=True, text=True)
+
+    def config(*profile: str, **more: str) -> subprocess.CompletedProcess[str]:
+        command = [str(ROOT / "docker" / "stack.sh"), "compose", *profile, "config"]
+        return subprocess.run(command, env={**env, **more}, capture_output=True, text=True)
+
+    without = config()
     assert without.returncode != 0 and "COMPILEQ_SECRET" in without.stderr
-    with_secret = subprocess.run(
-        [*compose, "--profile", "cpu", "config"],
-        env={**env, "COMPILEQ_SECRET": "s"},
-        capture_output=True,
-        text=True,
-    )
-    assert with_secret.returncode == 0, with_secret.stderr
-    gpu = subprocess.run(
-        [*compose, "--profile", "gpu", "config"],
-        env={**env, "COMPILEQ_SECRET": "s"},
-        capture_output=True,
-        text=True,
-    )
+    cpu = config("--profile", "cpu", COMPILEQ_SECRET="s")
+    assert cpu.returncode == 0, cpu.stderr
+    gpu = config("--profile", "gpu", COMPILEQ_SECRET="s")
     assert gpu.returncode == 0, gpu.stderr
-    # The GPU workers and trainer reserve GPUs (no host here has one to run them on).
     assert gpu.stdout.count("capabilities:") >= 2 and "- gpu" in gpu.stdout
 
 
