@@ -3,6 +3,12 @@
     python -m bench                                   # every scenario this machine can run
     python -m bench --scenarios first --workloads gpt --reps 3
     python -m bench --scenarios herd,scaling,queue
+    python -m bench --scenarios first --workloads mlp --reps 1 --only stock --out a
+    python -m bench --scenarios first --workloads mlp --reps 1 --only compileq --out b
+    python -m bench.report a/results.json b/results.json   # the two halves, one table
+
+The halves are for a workload whose repetition outlasts one device call (the max-autotune
+MLP's takes ~11 minutes on an H100): run them back to back on the same machine.
 
 Scenarios: ``first`` (1 cold, 2 new machine on a warm cluster, 3 edited model on a new
 machine), ``herd`` (4), ``scaling`` (5), ``queue`` (6). It starts a private redis-server (or
@@ -61,6 +67,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--herd-workload", default=None, help="default: gpt on a GPU; mlp on CPU")
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument(
+        "--only",
+        choices=("stock", "compileq"),
+        default=None,
+        help="scenarios 1-3: one half only, for a repetition longer than a device call "
+        "(bench.report merges the two halves)",
+    )
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--scaling", default="1,2,4,8", help="worker process counts")
     parser.add_argument(
@@ -111,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
                     results["first_steps"] = [*done, summary]
                     save()
 
-                partial(first_steps(cluster, dirs, workload, args.reps, log, partial))
+                partial(first_steps(cluster, dirs, workload, args.reps, log, partial, args.only))
         if "herd" in chosen:
             workload = args.herd_workload or ("gpt" if gpu else "mlp")
             print(f"scenario 4: herd of {args.ranks} x {workload}", flush=True)

@@ -44,11 +44,17 @@ def first_step_table(fs: dict[str, Any]) -> tuple[str, list[tuple[str, str, bool
         "|---|---|---|---|---|",
     ]
     for label, key in rows:
+        if key not in m:  # a half run (``--only``) not merged with its other half
+            lines.append(f"| {label} | not run | | | |")
+            continue
         equal = fs["loss_equal_stock"].get(key)
+        versus = _x(m[key], m["stock_cold"]) if "stock_cold" in m else "-"
         lines.append(
             f"| {label} | {m[key]:.2f} | {', '.join(f'{v:.2f}' for v in fs['all_s'][key])} | "
-            f"{_x(m[key], m['stock_cold'])} | {'-' if equal is None else ('yes' if equal else 'NO')} |"
+            f"{versus} | {'-' if equal is None else ('yes' if equal else 'NO')} |"
         )
+    if not {"stock_cold", "stock_remote_new", "stock_warm", "cq_cold"} <= set(m):
+        return "\n".join(lines), []
     targets = [
         (
             "cold, one rank: compileq / stock <= 1.05x",
@@ -225,9 +231,11 @@ def chart(results: dict[str, Any], path: Path) -> None:
         ax = next(ax_iter)
         m = fs["median_s"]
         xs = range(len(pairs))
-        ax.bar([x - 0.2 for x in xs], [m[s] for _, s, _ in pairs], 0.4, label="stock")
-        ax.bar([x + 0.2 for x in xs], [m[c] for _, _, c in pairs], 0.4, label="compileq")
-        ax.axhline(m["stock_warm"], ls="--", c="gray", lw=1, label="stock warm local")
+        # A half run (--only) draws its own bars only; a run it lacks is a bar of height 0.
+        ax.bar([x - 0.2 for x in xs], [m.get(s, 0.0) for _, s, _ in pairs], 0.4, label="stock")
+        ax.bar([x + 0.2 for x in xs], [m.get(c, 0.0) for _, _, c in pairs], 0.4, label="compileq")
+        if "stock_warm" in m:
+            ax.axhline(m["stock_warm"], ls="--", c="gray", lw=1, label="stock warm local")
         ax.set_xticks(list(xs), [p[0] for p in pairs])
         ax.set_ylabel("first step (s)")
         ax.set_title(f"{fs['workload']}: stock (remote cache) vs compileq")
@@ -272,6 +280,35 @@ def update_docs(docs: Path, results: dict[str, Any], body: str) -> None:
     docs.write_text(text)
 
 
+def merge_halves(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One table per workload where runs of it were split into halves (``--only stock`` and
+    ``--only compileq``, run back to back): entries of a workload whose runs do not overlap are
+    merged; entries that measured the same runs stay separate tables."""
+    from bench.scenarios import loss_equal_stock
+
+    out: list[dict[str, Any]] = []
+    for entry in entries:
+        twin = next(
+            (
+                e
+                for e in out
+                if e["workload"] == entry["workload"]
+                and not set(e["median_s"]) & set(entry["median_s"])
+            ),
+            None,
+        )
+        if twin is None:
+            out.append(dict(entry))
+            continue
+        for field in ("median_s", "all_s", "losses", "counters_last_rep"):
+            twin[field] = {**twin.get(field, {}), **entry.get(field, {})}
+        twin["reps"] = min(twin["reps"], entry["reps"])
+        for field in ("stock_graphs", "stock_kernels"):
+            twin[field] = twin.get(field) if twin.get(field) is not None else entry.get(field)
+        twin["loss_equal_stock"] = loss_equal_stock(twin["losses"])
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="bench.report")
     parser.add_argument("results", nargs="+", help="results.json files of one device, merged")
@@ -279,7 +316,7 @@ def main() -> None:
     parser.add_argument("--png", help="write the chart here")
     args = parser.parse_args()
     merged: dict[str, Any] = {}
-    for path in args.results:
+    for path in args.results:  # see merge_halves for two halves of one workload
         part = json.loads(Path(path).read_text())
         for key, value in part.items():
             if isinstance(value, list):
@@ -288,6 +325,7 @@ def main() -> None:
                 merged["meta"]["command"] += f"; {value['command']}"
             else:
                 merged[key] = value
+    merged["first_steps"] = merge_halves(merged.get("first_steps", []))
     body = render(merged)
     print(body)
     if args.png:

@@ -46,8 +46,12 @@ def first_steps(
     reps: int,
     log: Path,
     after_rep: Callable[[dict[str, Any]], None] | None = None,
+    only: str | None = None,
 ) -> dict[str, Any]:
     """Scenarios 1-3 for one workload: cold, new machine on a warm cluster, edited model.
+
+    ``only="stock"`` or ``"compileq"`` runs one half, for a workload whose repetition outlasts
+    one device call: two halves run back to back are merged by ``bench.report``.
 
     Per repetition, from empty caches everywhere: stock cold, then stock warm (same local
     dirs); stock's Redis remote cache filled by one run, then read by a new machine, then by a
@@ -60,27 +64,20 @@ def first_steps(
     def record(name: str, run: Run) -> None:
         runs.setdefault(name, []).append(run)
         print(f"  {workload} {name}: first step {run.first_step_s:.2f}s", flush=True)
-        if after_rep is not None and "cq_edit" in runs:
+        if after_rep is not None and last in runs:
             # Saved after every run once a repetition is complete: a run cut short by a time
             # limit keeps the runs of its last, partial repetition too.
             after_rep(_summary(workload, runs, counters))
 
+    stock, ours = only in (None, "stock"), only in (None, "compileq")
+    last = "cq_edit" if ours else "stock_remote_edit"
     for _ in range(reps):
         cluster.flush()
         cluster.wipe_worker_caches()
-        local = dirs.fresh()
-        record("stock_cold", run_once(cluster, dirs, STOCK, local, workload, log))
-        record("stock_warm", run_once(cluster, dirs, STOCK, local, workload, log))
-        record(
-            "stock_remote_fill", run_once(cluster, dirs, STOCK_REMOTE, dirs.fresh(), workload, log)
-        )
-        record(
-            "stock_remote_new", run_once(cluster, dirs, STOCK_REMOTE, dirs.fresh(), workload, log)
-        )
-        record(
-            "stock_remote_edit",
-            run_once(cluster, dirs, STOCK_REMOTE, dirs.fresh(), workload, log, edit=True),
-        )
+        if stock:
+            _stock_runs(cluster, dirs, workload, log, record)
+        if not ours:
+            continue
         before = cluster.stats()
         record("cq_cold", run_once(cluster, dirs, COMPILEQ, dirs.fresh(), workload, log))
         mid = cluster.stats()
@@ -97,27 +94,52 @@ def first_steps(
     return _summary(workload, runs, counters)
 
 
+def _stock_runs(
+    cluster: Cluster,
+    dirs: CacheDirs,
+    workload: str,
+    log: Path,
+    record: Callable[[str, Run], None],
+) -> None:
+    """Stock's five runs of one repetition: cold, warm, and its Redis remote caches."""
+    local = dirs.fresh()
+    record("stock_cold", run_once(cluster, dirs, STOCK, local, workload, log))
+    record("stock_warm", run_once(cluster, dirs, STOCK, local, workload, log))
+    record("stock_remote_fill", run_once(cluster, dirs, STOCK_REMOTE, dirs.fresh(), workload, log))
+    record("stock_remote_new", run_once(cluster, dirs, STOCK_REMOTE, dirs.fresh(), workload, log))
+    record(
+        "stock_remote_edit",
+        run_once(cluster, dirs, STOCK_REMOTE, dirs.fresh(), workload, log, edit=True),
+    )
+
+
 def _summary(
     workload: str, runs: dict[str, list[Run]], counters: dict[str, dict[str, int]]
 ) -> dict[str, Any]:
-    # An edited model trains differently: its runs are compared with stock's edited run.
-    reference = {
-        False: runs["stock_cold"][0].result["loss"],
-        True: runs["stock_remote_edit"][0].result["loss"],
-    }
+    stock_cold = runs["stock_cold"][0].result if "stock_cold" in runs else {}
+    losses = {name: [r.result["loss"] for r in rs] for name, rs in runs.items()}
     return {
         "workload": workload,
         "reps": min(len(rs) for rs in runs.values()),  # complete repetitions
         "median_s": {name: _median(rs) for name, rs in runs.items()},
         "all_s": {name: [round(r.first_step_s, 3) for r in rs] for name, rs in runs.items()},
-        "loss_equal_stock": {
-            name: all(r.result["loss"] == reference[bool(r.result["edit"])] for r in rs)
-            for name, rs in runs.items()
-        },
+        "loss_equal_stock": loss_equal_stock(losses),
         "counters_last_rep": counters,
-        "losses": {name: [r.result["loss"] for r in rs] for name, rs in runs.items()},
-        "stock_graphs": runs["stock_cold"][0].result["fx_codegen"],
-        "stock_kernels": runs["stock_cold"][0].result["kernels_submitted"],
+        "losses": losses,
+        "stock_graphs": stock_cold.get("fx_codegen"),
+        "stock_kernels": stock_cold.get("kernels_submitted"),
+    }
+
+
+def loss_equal_stock(losses: dict[str, list[Any]]) -> dict[str, bool]:
+    """Per run name: every run's losses equal stock's first (edited runs: stock's edited run).
+    Empty without stock's runs (a compileq-only half); bench.report recomputes it on merging."""
+    if "stock_cold" not in losses or "stock_remote_edit" not in losses:
+        return {}
+    reference = {False: losses["stock_cold"][0], True: losses["stock_remote_edit"][0]}
+    return {
+        name: all(loss == reference["edit" in name] for loss in runs)
+        for name, runs in losses.items()
     }
 
 
