@@ -40,7 +40,7 @@ def gpu_worker(
     worker = Worker(proc, log)
     client = redis_server.client()
     deadline = time.monotonic() + 120  # another module's CPU worker may have answered first
-    while not any(True for _ in client.scan_iter(match=keys.WORKERS + "*cuda-*")):
+    while not any(True for _ in client.scan_iter(match=keys.WORKERS + "compileq.fx.*cuda-*")):
         if time.monotonic() > deadline:
             break  # the tests below say what is missing
         time.sleep(0.2)
