@@ -105,8 +105,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from compileq.ops import doctor
 
     checks = doctor.run(_settings(args), _targets(args.arch))
-    print(json.dumps(doctor.report(checks)) if args.json else doctor.render(checks))
-    return 0 if doctor.report(checks)["ok"] else 1
+    report = doctor.report(checks)
+    print(json.dumps(report) if args.json else doctor.render(checks))
+    return 0 if report["ok"] else 1
 
 
 def cmd_explain(args: argparse.Namespace) -> int:

@@ -23,8 +23,9 @@ QUEUE_STATS = f"{PREFIX}:stats:queues"
 SLOW = f"{PREFIX}:slow:"
 #: The key material an entry was built from (JSON): ``compileq:meta:<artifact key>``.
 META = f"{PREFIX}:meta:"
-#: Entries of one kernel (name + source hash) across toolchains and configs, a set of artifact
-#: keys: ``compileq:siblings:<kind>:<name>:<source sha256>``; explain finds a miss's neighbour here.
+#: Entries of one kernel source (its own name left out, see ``TritonJob.source_sha``) across
+#: toolchains and configs, a set of artifact keys: ``compileq:siblings:<kind>:<source sha256>``;
+#: explain finds a miss's neighbour here.
 SIBLINGS = f"{PREFIX}:siblings:"
 #: The last kernel misses' key material (JSON), newest first, capped.
 MISSES = f"{PREFIX}:misses"

@@ -468,13 +468,11 @@ def _per_queue(
 ) -> dict[str, dict[Counter, int]]:
     """Per-queue tallies of a batch: what ``compileq stats`` shows per toolchain and target.
     ``misses`` is a subset of ``looked_up``; the rest of ``looked_up`` were hits."""
+    missed = {f.key for f in misses}
     out: dict[str, dict[Counter, int]] = {}
     for f in looked_up:
         tally = out.setdefault(f.queue, {Counter.KERNEL_HITS: 0, Counter.KERNEL_MISSES: 0})
-        tally[Counter.KERNEL_HITS] += 1
-    for f in misses:
-        out[f.queue][Counter.KERNEL_HITS] -= 1
-        out[f.queue][Counter.KERNEL_MISSES] += 1
+        tally[Counter.KERNEL_MISSES if f.key in missed else Counter.KERNEL_HITS] += 1
     for f in fallbacks:
         tally = out.setdefault(f.queue, {})
         tally[Counter.FALLBACKS] = tally.get(Counter.FALLBACKS, 0) + 1

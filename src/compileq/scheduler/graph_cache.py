@@ -44,6 +44,8 @@ class _StoreBackend(RemoteCacheBackend[bytes]):  # type: ignore[misc]
     on_put: ClassVar[Counter | None] = None
     #: One compile per key cluster-wide: a second process that misses waits for the first.
     single_flight: ClassVar[bool] = False
+    #: Counted in the client's progress line (graphs; kernels are counted by the pool).
+    shows_progress: ClassVar[bool] = False
 
     def _key(self, key: str) -> str:
         return keys.artifact(self.kind, hashlib.sha256(key.encode()).hexdigest())
@@ -52,7 +54,7 @@ class _StoreBackend(RemoteCacheBackend[bytes]):  # type: ignore[misc]
         if _store is None:
             return None
         name = self._key(key)
-        if self.kind == "fx":
+        if self.shows_progress:
             progress.start()
         try:
             entry = _store.get_many([name])[0]
@@ -63,7 +65,7 @@ class _StoreBackend(RemoteCacheBackend[bytes]):  # type: ignore[misc]
                 _store.count({counter: 1})
             if entry is None:
                 _missed_at[name] = time.monotonic()  # this process compiles it: time it
-            elif self.kind == "fx":
+            elif self.shows_progress:
                 progress.graph(hit=True)
         except redis.RedisError as e:
             warn_once("graph-cache", "compileq: graph cache unavailable (%s); compiling locally", e)
@@ -107,8 +109,8 @@ class _StoreBackend(RemoteCacheBackend[bytes]):  # type: ignore[misc]
             finally:  # also when too large to store: the compile happened all the same
                 counter = self._put_counter()
                 counts = {counter: 1} if counter is not None else {}
-                _store.count(counts, None, self._records(key, wrote))
-            if self.kind == "fx":
+                _store.count(counts, None, self._records(name, key, wrote))
+            if self.shows_progress:
                 progress.graph(hit=False)
             if _leases is not None:
                 _leases.release(name)
@@ -117,9 +119,8 @@ class _StoreBackend(RemoteCacheBackend[bytes]):  # type: ignore[misc]
         except CompileqError as e:  # EntryTooLarge: this graph stays in the local cache only
             warn_once("graph-cache-put", "compileq: graph not cached: %s", e)
 
-    def _records(self, key: str, wrote: bool) -> list[meta.Record]:
+    def _records(self, name: str, key: str, wrote: bool) -> list[meta.Record]:
         """Build time (miss to put) and, for a new entry, what explain can say about a graph."""
-        name = self._key(key)
         records = []
         missed = _missed_at.pop(name, None)
         if missed is not None:
@@ -136,6 +137,7 @@ class _StoreBackend(RemoteCacheBackend[bytes]):  # type: ignore[misc]
 class FxGraphBackend(_StoreBackend):
     kind = "fx"
     single_flight = True
+    shows_progress = True
     on_hit, on_miss = Counter.FX_HITS, Counter.FX_MISSES
     # Inductor puts right after it generated the graph's code in this process.
     on_put = Counter.FX_LOCAL_COMPILES

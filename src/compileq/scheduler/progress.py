@@ -60,13 +60,8 @@ class Progress:
         from the first start, not from the first result."""
         with self._lock:
             self._tally.submitted += kernels
-            first = self._started is None
-            if first:
-                self._started = time.monotonic()
-        if first:
-            self._begin()
-        if self._thread is not None:
-            self._changed.set()
+            first = self._mark_started()
+        self._changed_after(first)
 
     def kernel(self, outcome: str) -> None:
         """``outcome`` is ``hit``, ``remote`` or ``local`` (``client.Outcome`` values)."""

@@ -59,10 +59,6 @@ def main(argv: list[str] | None = None) -> int:
     targets = [Target.parse(t) for t in args.targets.split(",")]
     toolchains = {t: local_toolchain(t) for t in targets}
     queues = [triton_queue(toolchains[t], t) for t in targets]
-    # FX codegen: every worker generates CPU graphs for its own CPU (vector ISAs, compiler);
-    # a GPU worker also generates graphs for its GPU. A --cpu-only worker's --arch targets
-    # are for cross-compiling kernels only: generating a GPU graph needs the GPU.
-    gpus: list[Target | None] = [None] if args.cpu_only else [None, *targets]
     client = redis_client(settings.redis_url, settings)
     store = RedisStore(client, settings)
     if settings.graph_cache:
@@ -72,18 +68,24 @@ def main(argv: list[str] | None = None) -> int:
         # Finding this CPU's vector ISAs compiles a probe per ISA; shared through the store,
         # a client asking the same question of the same CPU loads them instead of building.
         cpp_cache.enable(store, Counter.CPP_REMOTE_COMPILES)
-    fx_toolchains = {fx_target(g): local_fx_toolchain(g) for g in gpus}
-    # GPU graphs without a CPU tensor are routed by the GPU alone (see fx_target).
-    fx_toolchains.update({fx_target(g, cpu=False): local_fx_toolchain(g) for g in gpus if g})
-    if not cuda_fork.forks_cleanly():
-        # Pool processes could not generate GPU graphs: serve only the CPU ones.
+    # FX codegen: every worker generates CPU graphs for its own CPU (vector ISAs, compiler);
+    # a GPU worker also generates graphs for its GPU. A --cpu-only worker's --arch targets
+    # are for cross-compiling kernels only: generating a GPU graph needs the GPU.
+    fx_toolchains = {fx_target(None): local_fx_toolchain(None)}
+    fx_gpus = [] if args.cpu_only else targets
+    if fx_gpus and not cuda_fork.forks_cleanly():  # checked last: after all setup so far
         log.warning(
             "compileq worker %s: CUDA was initialised before the pool forked, so this worker "
             "will not generate GPU graphs (clients compile them in process). First CUDA call:\n%s",
             args.name,
             cuda_fork.first_touch() or "(not seen)",
         )
-        fx_toolchains = {t: tc for t, tc in fx_toolchains.items() if t.startswith("cpu-")}
+        fx_gpus = []
+    for gpu in fx_gpus:
+        fx_toolchain = local_fx_toolchain(gpu)
+        fx_toolchains[fx_target(gpu)] = fx_toolchain
+        # GPU graphs without a CPU tensor are routed by the GPU alone (see fx_target).
+        fx_toolchains[fx_target(gpu, cpu=False)] = fx_toolchain
     queues += [fx_queue(tc, target) for target, tc in fx_toolchains.items()]
     host = socket.gethostname()
     worker_id = f"{host}:{args.name}:{os.getpid()}"
