@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -99,7 +99,11 @@ class Worker:
     metrics_port: int | None = None
 
 
-def start_worker(env: Env, logdir: Path, *args: str) -> Worker:
+#: What every test's worker is unless it says otherwise: cross-compiling for an H100, no GPU.
+CPU_ONLY = ("--cpu-only", "--arch", "sm_90")
+
+
+def start_worker(env: Env, logdir: Path, *args: str, device: Sequence[str] = CPU_ONLY) -> Worker:
     log = logdir / f"worker-{time.monotonic_ns()}.log"
     settings = Settings(redis_url=env.redis_url, secret=SECRET)
     # Its own Inductor cache too: the default (/tmp/torchinductor_<user>) outlives the session,
@@ -108,7 +112,7 @@ def start_worker(env: Env, logdir: Path, *args: str) -> Worker:
         TRITON_CACHE_DIR=str(logdir / "worker-triton"),
         TORCHINDUCTOR_CACHE_DIR=str(logdir / "worker-inductor"),
     )
-    argv = ["--cpu-only", "--arch", "sm_90", "--concurrency", "2", *args]
+    argv = [*device, "--concurrency", "2", *args]
     return Worker(localstack.start_worker(settings, argv, log, env=worker_env), log)
 
 

@@ -14,10 +14,9 @@ import pytest
 import redis
 import torch
 
-from compileq import keys, localstack
-from compileq.config import Settings
+from compileq import keys
 from compileq.localstack import RedisServer
-from tests.conftest import SECRET, Env, Worker, stats, stop_worker, wipe_cache
+from tests.conftest import Env, Worker, start_worker, stats, stop_worker, wipe_cache
 from tests.test_fx_remote import COMPILES, POSITIONS, run_client
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -27,17 +26,9 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 def gpu_worker(
     env: Env, redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Worker]:
-    logdir = tmp_path_factory.mktemp("gpu-worker")
-    log = logdir / "worker.log"
-    proc = localstack.start_worker(
-        Settings(redis_url=env.redis_url, secret=SECRET),
-        ["--gpus", "0", "--concurrency", "4"],
-        log,
-        env=env.vars(
-            TRITON_CACHE_DIR=str(logdir / "triton"), TORCHINDUCTOR_CACHE_DIR=str(logdir / "ind")
-        ),
+    worker = start_worker(
+        env, tmp_path_factory.mktemp("gpu-worker"), "--concurrency", "4", device=("--gpus", "0")
     )
-    worker = Worker(proc, log)
     client = redis_server.client()
     deadline = time.monotonic() + 120  # another module's CPU worker may have answered first
     while not any(True for _ in client.scan_iter(match=keys.WORKERS + "compileq.fx.*cuda-*")):
