@@ -9,6 +9,8 @@
 
 The halves are for a workload whose repetition outlasts one device call (the max-autotune
 MLP's takes ~11 minutes on an H100): run them back to back on the same machine.
+``bench.report`` pools a workload's runs over every file it is given, so repetitions made in
+separate calls give one median too.
 
 Scenarios: ``first`` (1 cold, 2 new machine on a warm cluster, 3 edited model on a new
 machine), ``herd`` (4), ``scaling`` (5), ``queue`` (6). It starts a private redis-server (or

@@ -284,33 +284,41 @@ def update_docs(docs: Path, results: dict[str, Any], body: str) -> None:
     docs.write_text(text)
 
 
-def merge_halves(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One table per workload where runs of it were split into halves (``--only stock`` and
-    ``--only compileq``, run back to back): entries of a workload whose runs do not overlap are
-    merged; entries that measured the same runs stay separate tables."""
+def merge_runs(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One table per workload from several invocations on one device: the two halves of a
+    repetition (``--only stock`` then ``--only compileq``, back to back) and repetitions made
+    in separate calls (one device call holds about one repetition of the GPT). Each run's
+    first-step times are pooled and its median taken over them all; a workload's complete
+    repetitions are those of its least-run measurement; counters are the last entry's."""
+    import statistics
+
     from bench.scenarios import loss_equal_stock
 
-    out: list[dict[str, Any]] = []
+    out: dict[str, dict[str, Any]] = {}
     for entry in entries:
-        twin = next(
-            (
-                e
-                for e in out
-                if e["workload"] == entry["workload"]
-                and not set(e["median_s"]) & set(entry["median_s"])
-            ),
-            None,
-        )
+        twin = out.get(entry["workload"])
         if twin is None:
-            out.append(dict(entry))
+            out[entry["workload"]] = {
+                **entry,
+                "all_s": {k: list(v) for k, v in entry["all_s"].items()},
+                "losses": {k: list(v) for k, v in entry.get("losses", {}).items()},
+            }
             continue
-        for field in ("median_s", "all_s", "losses", "counters_last_rep"):
-            twin[field] = {**twin.get(field, {}), **entry.get(field, {})}
-        twin["reps"] = min(twin["reps"], entry["reps"])
+        for name, times in entry["all_s"].items():
+            twin["all_s"].setdefault(name, []).extend(times)
+        for name, losses in entry.get("losses", {}).items():
+            twin["losses"].setdefault(name, []).extend(losses)
+        twin["counters_last_rep"] = {
+            **twin.get("counters_last_rep", {}),
+            **entry.get("counters_last_rep", {}),
+        }
         for field in ("stock_graphs", "stock_kernels"):
             twin[field] = twin.get(field) if twin.get(field) is not None else entry.get(field)
-        twin["loss_equal_stock"] = loss_equal_stock(twin["losses"])
-    return out
+    for merged in out.values():
+        merged["median_s"] = {k: statistics.median(v) for k, v in merged["all_s"].items()}
+        merged["reps"] = min(len(v) for v in merged["all_s"].values())
+        merged["loss_equal_stock"] = loss_equal_stock(merged["losses"])
+    return list(out.values())
 
 
 def main() -> None:
@@ -320,7 +328,7 @@ def main() -> None:
     parser.add_argument("--png", help="write the chart here")
     args = parser.parse_args()
     merged: dict[str, Any] = {}
-    for path in args.results:  # see merge_halves for two halves of one workload
+    for path in args.results:  # merge_runs pools a workload's runs over the files
         part = json.loads(Path(path).read_text())
         for key, value in part.items():
             if isinstance(value, list):
@@ -329,7 +337,7 @@ def main() -> None:
                 merged["meta"]["command"] += f"; {value['command']}"
             else:
                 merged[key] = value
-    merged["first_steps"] = merge_halves(merged.get("first_steps", []))
+    merged["first_steps"] = merge_runs(merged.get("first_steps", []))
     body = render(merged)
     print(body)
     if args.png:

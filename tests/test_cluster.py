@@ -31,11 +31,13 @@ from tests.conftest import (
     run_cli,
     stats,
     warm_json,
+    wipe_cache,
 )
 from tests.reliability import Recorder
 
 MLP = FIXTURES / "dynamic_mlp.jsonl"
 GPT = FIXTURES / "gpt_head.jsonl"
+LOAD_CLIENT = Path(__file__).parent / "clients" / "load_client.py"
 
 
 def artifact_keys(client: redis.Redis) -> list[bytes]:
@@ -256,6 +258,41 @@ def test_a_malformed_task_message_is_rejected_and_the_worker_keeps_serving(
         f"{report['remote']}/{report['kernels']} kernels built by the same worker",
         report["kernels"] - report["remote"],
     )
+
+
+def load_client(env: Env, tmp: Path, manifest: Path, *args: str) -> dict[str, object]:
+    proc = subprocess.run(
+        [sys.executable, str(LOAD_CLIENT), str(manifest), *args],
+        env=env.vars(
+            TRITON_CACHE_DIR=str(tmp / "triton"), TORCHINDUCTOR_CACHE_DIR=str(tmp / "ind")
+        ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report: dict[str, object] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (report["failed"], report["bad"]) == (0, 0), report["problems"]
+    return report
+
+
+def test_graph_codegen_on_a_worker_sends_kernels_to_free_siblings_and_builds_them_when_none_is(
+    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
+) -> None:
+    # The client a worker's graph codegen uses (workers/fx.py), as its pool process sees it.
+    n = len(manifest_rows(GPT))
+    free = load_client(env, tmp_path / "free", GPT, "--on-worker", "free")
+    assert (free["remote"], free["local"]) == (n, 0)  # built by the worker's pool processes
+    assert stats(env, tmp_path)["kernel_remote_compiles"] == n
+
+    wipe_cache(clean_cache)
+    busy = load_client(env, tmp_path / "busy", GPT, "--on-worker", "busy")
+    assert (busy["remote"], busy["local"]) == (0, n)  # built in place: nobody free to wait for
+    counters = stats(env, tmp_path)
+    # Still a worker's build, and stored for every client; no lease left behind.
+    assert (counters["kernel_remote_compiles"], counters["kernel_local_compiles"]) == (n, 0)
+    assert counters["entries"] == n
+    assert not list(clean_cache.scan_iter(match=keys.LOCK + "*"))
 
 
 def test_a_worker_of_another_toolchain_never_receives_the_kernels(

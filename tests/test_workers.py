@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import time
+from multiprocessing.synchronize import Event
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ from compileq.errors import WorkerError
 from compileq.fingerprint import Target
 from compileq.tasks import liveness
 from compileq.tasks.app import celery_config
+from compileq.workers.fx_slots import FxSlots
 from compileq.workers.gpus import Gpu, select_gpus
 from compileq.workers.supervisor import plan
 from tests.conftest import Env, RedisServer, start_worker, stop_worker
@@ -47,6 +50,33 @@ def test_a_cpu_only_worker_builds_for_each_arch_it_is_given() -> None:
     assert spec.env(Settings(secret="s"))["CUDA_VISIBLE_DEVICES"] == ""
     with pytest.raises(WorkerError, match="exclude"):
         plan("0", True, ["sm_90"], None)
+
+
+def hold_a_graph(slots: FxSlots, holding: Event, release: Event) -> None:
+    with slots.generating():
+        holding.set()
+        release.wait(30)
+
+
+def test_graph_codegen_enqueues_kernels_only_while_some_pool_process_generates_no_graph() -> None:
+    # Made before the fork, as the worker does before Celery forks its pool.
+    slots = FxSlots(2)
+    fork = multiprocessing.get_context("fork")
+    holding, release = fork.Event(), fork.Event()
+    sibling = fork.Process(target=hold_a_graph, args=(slots, holding, release))
+    sibling.start()
+    try:
+        assert holding.wait(30)
+        assert slots.generating_now == 1 and slots.sibling_free()  # seen across processes
+        with slots.generating():
+            assert not slots.sibling_free()  # both generate: nobody would build the kernels
+        assert slots.sibling_free()
+    finally:
+        release.set()
+        sibling.join(30)
+    assert slots.generating_now == 0
+    with pytest.raises(ValueError, match="at least 1"):
+        FxSlots(0)
 
 
 def test_a_stopped_worker_withdraws_its_heartbeat(

@@ -1,6 +1,9 @@
 """A client process that requests a manifest's kernels through compileq and checks each one.
 
-Usage: python load_client.py MANIFEST   (settings from COMPILEQ_* variables)
+Usage: python load_client.py MANIFEST [--on-worker free|busy]   (settings from COMPILEQ_*)
+
+``--on-worker`` makes it the client a worker's graph codegen uses, told that a sibling pool
+process is free (it enqueues) or that none is (it builds in place).
 
 Submits every kernel at once through :class:`KernelClient` (what ``compileq.install()`` uses),
 records each kernel's latency from submission to its result, and checks every result is a
@@ -48,7 +51,13 @@ def main() -> None:
 
     get_compile_threads()
     jobs = read_manifest(__import__("pathlib").Path(sys.argv[1]))
-    client = KernelClient(Settings(), LocalBuilder(AsyncCompile.process_pool))
+    on_worker = sys.argv[3] if sys.argv[2:3] == ["--on-worker"] else None
+    client = KernelClient(
+        Settings(),
+        LocalBuilder(AsyncCompile.process_pool),
+        on_worker=on_worker is not None,
+        may_enqueue=lambda: on_worker == "free",
+    )
     done_at: dict[int, float] = {}
 
     def stamp(i: int) -> object:

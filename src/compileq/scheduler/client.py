@@ -16,7 +16,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -78,13 +78,23 @@ class _Flight:
 
 
 class KernelClient:
-    def __init__(self, settings: Settings, local: LocalBuilder, *, on_worker: bool = False) -> None:
-        """``on_worker``: this client runs inside a worker's FX codegen. It then builds every
-        miss itself and never enqueues or waits on a lease: a worker waiting for a queue it
-        may itself be the only consumer of could deadlock. Its builds count as remote."""
+    def __init__(
+        self,
+        settings: Settings,
+        local: LocalBuilder,
+        *,
+        on_worker: bool = False,
+        may_enqueue: Callable[[], bool] | None = None,
+    ) -> None:
+        """``on_worker``: this client runs inside a worker's FX codegen. It enqueues its misses
+        like any client only while ``may_enqueue()`` holds (a sibling pool process is free to
+        build them), else builds them itself without taking leases: a graph waiting for a
+        queue whose every consumer is busy waiting too would deadlock. Its own builds count as
+        remote. Without ``may_enqueue`` it always builds itself."""
         self._settings = settings
         self._local = local
         self._on_worker = on_worker
+        self._may_enqueue = may_enqueue or (lambda: False)  # asked only ``on_worker``
         self._built = Counter.KERNEL_REMOTE_COMPILES if on_worker else Counter.KERNEL_LOCAL_COMPILES
         self._id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._redis = redis_client(settings.redis_url, settings)
@@ -171,7 +181,7 @@ class KernelClient:
                     misses.append(flight)
                 else:
                     self._resolve(flight, Built(flight.key, entry, Outcome.HIT))
-            if self._on_worker:
+            if self._on_worker and not self._may_enqueue():
                 self._store.count(
                     {
                         Counter.KERNEL_HITS: len(flights) - len(misses),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,13 +30,18 @@ _lock = threading.Lock()
 
 
 def install(
-    settings: Settings | None = None, *, fx: bool | None = None, on_worker: bool = False
+    settings: Settings | None = None,
+    *,
+    fx: bool | None = None,
+    on_worker: bool = False,
+    may_enqueue: Callable[[], bool] | None = None,
 ) -> bool:
     """Route Inductor's Triton builds through compileq. Returns whether compileq is active.
 
     ``fx`` (default: ``settings.fx``, i.e. ``COMPILEQ_FX``) also sends FX graph codegen to
-    workers. ``on_worker`` is for a worker's own FX codegen: kernels are built in place and
-    stored, never enqueued, and count as remote builds.
+    workers. ``on_worker`` is for a worker's own FX codegen: its kernels are enqueued only
+    when ``may_enqueue()`` says so (see ``KernelClient``), else built in place and stored;
+    either way they count as remote builds.
 
     Never raises for a missing cluster: without a secret compileq stays off (and says so);
     without Redis or workers it builds locally. Safe to call twice; a second call finishes
@@ -57,7 +63,9 @@ def install(
         try:
             original = AsyncCompile.__dict__["process_pool"]
             stock = original.__func__
-            client = KernelClient(settings, LocalBuilder(stock), on_worker=on_worker)
+            client = KernelClient(
+                settings, LocalBuilder(stock), on_worker=on_worker, may_enqueue=may_enqueue
+            )
         except ConfigError as e:
             warn_once("config", "compileq: not installed: %s", e)
             return False

@@ -22,6 +22,7 @@ from compileq.tasks.events import Done, announce
 from compileq.tasks.jobs import TRITON, TritonJob
 from compileq.tasks.queues import triton_queue
 from compileq.workers.build import build_triton
+from compileq.workers.fx_slots import FxSlots
 
 
 @dataclass
@@ -32,6 +33,8 @@ class WorkerContext:
     #: FX targets (fingerprint.fx_target) this worker generates code for, with its toolchain.
     fx_toolchains: dict[str, FxToolchain] = field(default_factory=dict)
     worker_id: str = "worker"
+    #: Which pool processes are generating graphs (None: codegen builds its kernels in place).
+    fx_slots: FxSlots | None = None
 
 
 _context: WorkerContext | None = None

@@ -4,8 +4,8 @@ It runs Inductor's own child side of an out-of-process compile (``_run_in_child`
 ``clear_caches()`` as Inductor's subprocess scheme does), so the output is exactly what a
 subprocess of the client would return. The kernels codegen builds go to the store under the
 keys the client computes when it loads the output code: Triton kernels through compileq's pool
-installed ``on_worker`` (built here, never enqueued: a worker waiting on a queue it may be the
-only consumer of could deadlock), C++ objects through the C++ cache.
+installed ``on_worker`` (sent to the worker's queue while a sibling pool process is free to
+build them, else built here: see ``fx_slots``), C++ objects through the C++ cache.
 """
 
 from __future__ import annotations
@@ -81,7 +81,8 @@ def generate(ctx: WorkerContext, job: FxJob) -> bytes:
     clear_caches()
     torch._inductor.metrics.reset()
     # The output carries the graph's ops back; wire_ops admits the same ones both ways.
-    with _codegen_env(job.env), wire_ops():
+    slots = ctx.fx_slots.generating() if ctx.fx_slots else contextlib.nullcontext()
+    with slots, _codegen_env(job.env), wire_ops():
         output = _OutOfProcessFxCompile._run_in_child(_WireProtocolPickledInput(job.pickled_input))
     return bytes(output.value)
 
@@ -93,7 +94,8 @@ def _install_in_this_process(ctx: WorkerContext) -> None:
         return
     from compileq.scheduler.install import install
 
-    install(ctx.settings, fx=False, on_worker=True)
+    may_enqueue = ctx.fx_slots.sibling_free if ctx.fx_slots else None
+    install(ctx.settings, fx=False, on_worker=True, may_enqueue=may_enqueue)
     _installed_pid = os.getpid()
 
 

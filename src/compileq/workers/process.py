@@ -89,7 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     queues += [fx_queue(tc, target) for target, tc in fx_toolchains.items()]
     host = socket.gethostname()
     worker_id = f"{host}:{args.name}:{os.getpid()}"
-    execute.configure(execute.WorkerContext(settings, store, toolchains, fx_toolchains, worker_id))
+    from compileq.workers.fx_slots import FxSlots
+
+    execute.configure(
+        execute.WorkerContext(
+            settings, store, toolchains, fx_toolchains, worker_id, FxSlots(args.concurrency)
+        )
+    )
     if args.metrics_port is not None:
         from compileq.workers import metrics
 
@@ -131,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
             f"--queues={','.join(queues)}",
             f"--concurrency={args.concurrency}",
             "--pool=prefork",
+            # Celery's default, named because FxSlots relies on it: a message goes only to an
+            # idle pool process, never queued behind a graph that waits for kernels.
+            "--optimization=fair",
             f"--hostname=compileq-{args.name}-{os.getpid()}@{host}",
             f"--loglevel={args.loglevel}",
             "--without-gossip",
