@@ -152,9 +152,13 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         cluster.close()
         save()
-        # Kept beside the results: a failed build or FX job is explained only there.
-        for worker_log in workdir.glob("worker-*.log"):
-            shutil.copy(worker_log, out / worker_log.name)
+        # Kept beside the results: a failed build or FX job is explained only there. One
+        # file, in start order (scaling starts eight workers; a device call returns few files).
+        with (out / "workers.log").open("wb") as joined:
+            for worker_log in sorted(workdir.glob("worker-*.log")):
+                joined.write(f"==> {worker_log.name} <==\n".encode())
+                with worker_log.open("rb") as part:
+                    shutil.copyfileobj(part, joined)
     chart(results, out / "bench.png")
     print(render(results))
     return 0

@@ -58,6 +58,7 @@ class Cluster:
     url: str = ""
     worker: subprocess.Popen[bytes] | None = None
     worker_args: list[str] = field(default_factory=list)
+    _workers_started: int = 0
 
     @property
     def settings(self) -> Settings:
@@ -80,7 +81,9 @@ class Cluster:
         args = ["--cpu-only", "--arch", "sm_90"] if cpu_only else ["--gpus", "0"]
         self.worker_args = [*args, "--concurrency", str(concurrency)]
         self.wipe_worker_caches()
-        log = self.workdir / f"worker-{'cpu' if cpu_only else 'gpu'}-{concurrency}.log"
+        self._workers_started += 1  # a log per start: a later worker must not overwrite one
+        kind = "cpu" if cpu_only else "gpu"
+        log = self.workdir / f"worker-{self._workers_started:02d}-{kind}-{concurrency}.log"
         self.worker = start_worker(
             self.settings, self.worker_args, log, env={**self.env(), **self._worker_dirs()}
         )
