@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -214,8 +215,14 @@ def render(results: dict[str, Any]) -> str:
     return "\n".join(parts) + "\n"
 
 
-def chart(results: dict[str, Any], path: Path) -> None:
-    import matplotlib
+def chart(results: dict[str, Any], path: Path) -> bool:
+    """Draw ``bench.png``; False (and nothing written) without matplotlib, which only the
+    ``bench`` extra installs: the tables do not need it."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"{path} not written: no matplotlib (pip install -e '.[bench]')", file=sys.stderr)
+        return False
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -223,7 +230,7 @@ def chart(results: dict[str, Any], path: Path) -> None:
     panels = len(results.get("first_steps", [])) + bool(results.get("scaling"))
     panels += bool(results.get("herd"))
     if not panels:
-        return
+        return False
     fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4.5), squeeze=False)
     ax_iter = iter(axes[0])
     pairs = [
@@ -269,6 +276,7 @@ def chart(results: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return True
 
 
 def update_docs(docs: Path, results: dict[str, Any], body: str) -> None:

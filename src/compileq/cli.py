@@ -149,7 +149,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus", help="'all' (default when GPUs exist) or indices like 0,1")
     p.add_argument("--cpu-only", action="store_true", help="cross-compile without a GPU")
     p.add_argument("--arch", help="with --cpu-only: targets to build for, e.g. sm_90,sm_80")
-    p.add_argument("--concurrency", type=int, help="builds at once per worker process")
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        help="builds at once per worker process (a graph's codegen hands its kernels to the "
+        "others while one is free, so 2 or more)",
+    )
     p.add_argument(
         "--metrics-port",
         type=int,
