@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -27,6 +28,9 @@ from compileq.localstack import RedisServer, stop
 pytest_plugins = ("tests.reliability",)
 
 FIXTURES = Path(__file__).parent / "fixtures"
+CLIENTS = Path(__file__).parent / "clients"
+INDUCTOR_CLIENT = CLIENTS / "inductor_client.py"
+LOAD_CLIENT = CLIENTS / "load_client.py"
 SECRET = "test-secret-" + "x" * 20
 
 
@@ -167,6 +171,25 @@ def run_cli(
             f"compileq {' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-4000:]}"
         )
     return proc
+
+
+def client_json(
+    env: Env, script: Path, *args: str, caches: Path
+) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
+    """Run ``python SCRIPT ARGS`` as a fresh process with empty Triton/Inductor cache dirs
+    under ``caches``; the JSON object it printed last, and the process."""
+    proc = subprocess.run(
+        [sys.executable, str(script), *args],
+        env=env.vars(
+            TRITON_CACHE_DIR=str(caches / "triton"),
+            TORCHINDUCTOR_CACHE_DIR=str(caches / "inductor"),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc
 
 
 def warm_json(env: Env, manifest: Path, tmp: Path, **more: str) -> dict[str, float]:

@@ -6,10 +6,10 @@ import json
 import pickle
 import struct
 import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -22,10 +22,13 @@ from compileq.localstack import free_port
 from compileq.tasks.app import COMPILE_TRITON, client_app
 from tests.conftest import (
     FIXTURES,
+    INDUCTOR_CLIENT,
+    LOAD_CLIENT,
     SECRET,
     Env,
     RedisServer,
     Worker,
+    client_json,
     compileq_cmd,
     manifest_rows,
     run_cli,
@@ -37,7 +40,6 @@ from tests.reliability import Recorder
 
 MLP = FIXTURES / "dynamic_mlp.jsonl"
 GPT = FIXTURES / "gpt_head.jsonl"
-LOAD_CLIENT = Path(__file__).parent / "clients" / "load_client.py"
 
 
 def artifact_keys(client: redis.Redis) -> list[bytes]:
@@ -75,16 +77,8 @@ def test_a_new_machine_gets_every_kernel_from_the_cache_and_compiles_nothing(
     before = stats(env, tmp_path)
 
     # A second process, empty Inductor and Triton cache dirs, submitting as Inductor does.
-    triton_dir, inductor_dir = tmp_path / "new-triton", tmp_path / "new-inductor"
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).parent / "clients" / "inductor_client.py"), str(MLP)],
-        env=env.vars(TRITON_CACHE_DIR=str(triton_dir), TORCHINDUCTOR_CACHE_DIR=str(inductor_dir)),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    got, _ = client_json(env, INDUCTOR_CLIENT, str(MLP), caches=tmp_path / "new")
+    triton_dir = tmp_path / "new" / "triton"
     assert got["kernels"] == n
     assert got["types"] == ["CachingAutotuner"]
     assert got["cubins"] >= n
@@ -260,18 +254,8 @@ def test_a_malformed_task_message_is_rejected_and_the_worker_keeps_serving(
     )
 
 
-def load_client(env: Env, tmp: Path, manifest: Path, *args: str) -> dict[str, object]:
-    proc = subprocess.run(
-        [sys.executable, str(LOAD_CLIENT), str(manifest), *args],
-        env=env.vars(
-            TRITON_CACHE_DIR=str(tmp / "triton"), TORCHINDUCTOR_CACHE_DIR=str(tmp / "ind")
-        ),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report: dict[str, object] = json.loads(proc.stdout.strip().splitlines()[-1])
+def load_client(env: Env, tmp: Path, manifest: Path, *args: str) -> dict[str, Any]:
+    report, _ = client_json(env, LOAD_CLIENT, str(manifest), *args, caches=tmp)
     assert (report["failed"], report["bad"]) == (0, 0), report["problems"]
     return report
 

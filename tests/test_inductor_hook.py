@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import functools
-import json
 import operator
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +19,7 @@ from compileq.localstack import free_port
 from compileq.scheduler import installed_pool
 from compileq.scheduler.inductor import inductor_extra_config, recognise
 from compileq.scheduler.pool import CompileqPool
-from tests.conftest import FIXTURES, Env, manifest_rows
+from tests.conftest import FIXTURES, INDUCTOR_CLIENT, Env, client_json, manifest_rows
 
 ROW = manifest_rows(FIXTURES / "gpt_head.jsonl")[0]
 LOAD = functools.partial(_load_triton_kernel_from_source, ROW["name"], ROW["source"])
@@ -106,21 +103,7 @@ def test_the_inductor_path_falls_back_to_a_local_build_when_redis_is_down(
 ) -> None:
     down = Env(f"redis://127.0.0.1:{free_port()}/0", env.home)
     manifest = FIXTURES / "gpt_head.jsonl"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(Path(__file__).parent / "clients" / "inductor_client.py"),
-            str(manifest),
-        ],
-        env=down.vars(
-            TRITON_CACHE_DIR=str(tmp_path / "t"), TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "i")
-        ),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    got, proc = client_json(down, INDUCTOR_CLIENT, str(manifest), caches=tmp_path)
     assert got["kernels"] == len(manifest_rows(manifest)) and got["cubins"] >= got["kernels"]
     assert proc.stderr.count("compiling locally") == 1
 

@@ -24,11 +24,18 @@ import redis
 
 from compileq import keys
 from compileq.cache.counters import read_counters
-from tests.conftest import FIXTURES, Env, RedisServer, Worker, start_worker, stop_worker
+from tests.conftest import (
+    FIXTURES,
+    LOAD_CLIENT,
+    Env,
+    RedisServer,
+    Worker,
+    start_worker,
+    stop_worker,
+)
 from tests.reliability import Recorder
 from tests.test_faults import wait_for
 
-LOAD_CLIENT = Path(__file__).parent / "clients" / "load_client.py"
 LOAD_DB = 9
 WORKERS = 4
 

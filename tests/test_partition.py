@@ -23,12 +23,11 @@ from compileq.cache.store import RedisStore
 from compileq.config import Settings
 from compileq.localstack import stop
 from tests import netns
-from tests.conftest import FIXTURES, SECRET, Env, manifest_rows
+from tests.conftest import FIXTURES, LOAD_CLIENT, SECRET, Env, manifest_rows
 from tests.reliability import Recorder
 from tests.test_faults import all_kernels_sound, wait_for
 
 MLP = FIXTURES / "dynamic_mlp.jsonl"
-LOAD_CLIENT = Path(__file__).parent / "clients" / "load_client.py"
 PORT = 6390  # inside the server namespace only: no clash with anything outside it
 PARTITION_S = 8.0  # longer than the 5 s socket timeout, so the client must notice
 DEADLINE_S = 20.0

@@ -55,8 +55,7 @@ def main() -> None:
     client = KernelClient(
         Settings(),
         LocalBuilder(AsyncCompile.process_pool),
-        on_worker=on_worker is not None,
-        may_enqueue=lambda: on_worker == "free",
+        on_worker=None if on_worker is None else lambda: on_worker == "free",
     )
     done_at: dict[int, float] = {}
 

@@ -83,19 +83,19 @@ class KernelClient:
         settings: Settings,
         local: LocalBuilder,
         *,
-        on_worker: bool = False,
-        may_enqueue: Callable[[], bool] | None = None,
+        on_worker: Callable[[], bool] | None = None,
     ) -> None:
-        """``on_worker``: this client runs inside a worker's FX codegen. It enqueues its misses
-        like any client only while ``may_enqueue()`` holds (a sibling pool process is free to
-        build them), else builds them itself without taking leases: a graph waiting for a
-        queue whose every consumer is busy waiting too would deadlock. Its own builds count as
-        remote. Without ``may_enqueue`` it always builds itself."""
+        """``on_worker``: this client runs inside a worker's FX codegen, and the callable says
+        whether a sibling pool process is free to build what it enqueues. While one is, it
+        enqueues its misses like any client; else it builds them itself without taking leases:
+        a graph waiting for a queue whose every consumer is busy waiting too would deadlock.
+        Its own builds count as remote."""
         self._settings = settings
         self._local = local
         self._on_worker = on_worker
-        self._may_enqueue = may_enqueue or (lambda: False)  # asked only ``on_worker``
-        self._built = Counter.KERNEL_REMOTE_COMPILES if on_worker else Counter.KERNEL_LOCAL_COMPILES
+        self._built = (
+            Counter.KERNEL_LOCAL_COMPILES if on_worker is None else Counter.KERNEL_REMOTE_COMPILES
+        )
         self._id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._redis = redis_client(settings.redis_url, settings)
         self._store = RedisStore(self._redis, settings)
@@ -181,7 +181,7 @@ class KernelClient:
                     misses.append(flight)
                 else:
                     self._resolve(flight, Built(flight.key, entry, Outcome.HIT))
-            if self._on_worker and not self._may_enqueue():
+            if self._on_worker is not None and not self._on_worker():
                 self._store.count(
                     {
                         Counter.KERNEL_HITS: len(flights) - len(misses),

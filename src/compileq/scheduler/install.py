@@ -33,15 +33,14 @@ def install(
     settings: Settings | None = None,
     *,
     fx: bool | None = None,
-    on_worker: bool = False,
-    may_enqueue: Callable[[], bool] | None = None,
+    on_worker: Callable[[], bool] | None = None,
 ) -> bool:
     """Route Inductor's Triton builds through compileq. Returns whether compileq is active.
 
     ``fx`` (default: ``settings.fx``, i.e. ``COMPILEQ_FX``) also sends FX graph codegen to
     workers. ``on_worker`` is for a worker's own FX codegen: its kernels are enqueued only
-    when ``may_enqueue()`` says so (see ``KernelClient``), else built in place and stored;
-    either way they count as remote builds.
+    while ``on_worker()`` says a sibling pool process is free (see ``KernelClient``), else
+    built in place and stored; either way they count as remote builds.
 
     Never raises for a missing cluster: without a secret compileq stays off (and says so);
     without Redis or workers it builds locally. Safe to call twice; a second call finishes
@@ -63,9 +62,7 @@ def install(
         try:
             original = AsyncCompile.__dict__["process_pool"]
             stock = original.__func__
-            client = KernelClient(
-                settings, LocalBuilder(stock), on_worker=on_worker, may_enqueue=may_enqueue
-            )
+            client = KernelClient(settings, LocalBuilder(stock), on_worker=on_worker)
         except ConfigError as e:
             warn_once("config", "compileq: not installed: %s", e)
             return False
@@ -80,16 +77,18 @@ def install(
             from compileq.scheduler import cpp_cache, graph_cache
 
             graph_cache.enable(client.store, settings.deadline_s)
-            built = Counter.CPP_REMOTE_COMPILES if on_worker else Counter.CPP_LOCAL_COMPILES
+            built = (
+                Counter.CPP_REMOTE_COMPILES if on_worker is not None else Counter.CPP_LOCAL_COMPILES
+            )
             cpp_cache.enable(client.store, built)
-        if want_fx and not on_worker:
+        if want_fx and on_worker is None:
             fx_remote.enable(client)
         AsyncCompile._ready_future = None
         # With one compile thread Inductor never uses a pool; compileq's pool costs no CPU
         # here, so allow the parallel path even on a one-core client.
         if get_compile_threads() <= 1:
             config.compile_threads = 2
-        _installed = _Installed(original, pool, want_fx and not on_worker)
+        _installed = _Installed(original, pool, want_fx and on_worker is None)
     log.info("compileq: installed (redis %s%s)", settings.redis_display, ", FX" if want_fx else "")
     return True
 

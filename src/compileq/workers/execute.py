@@ -33,8 +33,9 @@ class WorkerContext:
     #: FX targets (fingerprint.fx_target) this worker generates code for, with its toolchain.
     fx_toolchains: dict[str, FxToolchain] = field(default_factory=dict)
     worker_id: str = "worker"
-    #: Which pool processes are generating graphs (None: codegen builds its kernels in place).
-    fx_slots: FxSlots | None = None
+    #: Which pool processes are generating graphs. The default, one slot, is a worker of one
+    #: process: no sibling is ever free, so codegen builds its kernels in place.
+    fx_slots: FxSlots = field(default_factory=lambda: FxSlots(1))
 
 
 _context: WorkerContext | None = None
@@ -145,12 +146,8 @@ def reject(ctx: WorkerContext, key: str, reason: str) -> str:
     return "rejected"
 
 
-def finish(client: redis.Redis, key: str) -> None:
-    """Drop the job and the lease of a task that is over (built, failed or rejected)."""
-    client.delete(keys.lock(key), keys.job(key))
-
-
 def settle(client: redis.Redis, key: str, error: str | None = None) -> None:
-    """End a task: drop its job and lease, then tell every waiting client how it went."""
-    finish(client, key)
+    """End a task (built, failed or rejected): drop its job and lease, then tell every waiting
+    client how it went."""
+    client.delete(keys.lock(key), keys.job(key))
     announce(client, Done(key, error is None, error))

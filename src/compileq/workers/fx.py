@@ -81,8 +81,7 @@ def generate(ctx: WorkerContext, job: FxJob) -> bytes:
     clear_caches()
     torch._inductor.metrics.reset()
     # The output carries the graph's ops back; wire_ops admits the same ones both ways.
-    slots = ctx.fx_slots.generating() if ctx.fx_slots else contextlib.nullcontext()
-    with slots, _codegen_env(job.env), wire_ops():
+    with ctx.fx_slots.generating(), _codegen_env(job.env), wire_ops():
         output = _OutOfProcessFxCompile._run_in_child(_WireProtocolPickledInput(job.pickled_input))
     return bytes(output.value)
 
@@ -94,8 +93,7 @@ def _install_in_this_process(ctx: WorkerContext) -> None:
         return
     from compileq.scheduler.install import install
 
-    may_enqueue = ctx.fx_slots.sibling_free if ctx.fx_slots else None
-    install(ctx.settings, fx=False, on_worker=True, may_enqueue=may_enqueue)
+    install(ctx.settings, fx=False, on_worker=ctx.fx_slots.sibling_free)
     _installed_pid = os.getpid()
 
 

@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     from compileq.tasks import app, triton_queue
     from compileq.tasks.queues import fx_queue
     from compileq.workers import execute
+    from compileq.workers.fx_slots import FxSlots
     from compileq.workers.heartbeat import Heartbeat
 
     settings = get_settings()
@@ -89,8 +90,6 @@ def main(argv: list[str] | None = None) -> int:
     queues += [fx_queue(tc, target) for target, tc in fx_toolchains.items()]
     host = socket.gethostname()
     worker_id = f"{host}:{args.name}:{os.getpid()}"
-    from compileq.workers.fx_slots import FxSlots
-
     execute.configure(
         execute.WorkerContext(
             settings, store, toolchains, fx_toolchains, worker_id, FxSlots(args.concurrency)
