@@ -75,10 +75,13 @@ class Cluster:
     def client(self) -> redis.Redis:
         return redis.Redis.from_url(self.url)
 
-    def start_worker(self, concurrency: int, cpu_only: bool | None = None) -> None:
+    def start_worker(
+        self, concurrency: int, cpu_only: bool | None = None, gpus: str | None = None
+    ) -> None:
+        """``gpus``: ``--gpus`` of a GPU worker (default 0: one GPU)."""
         self.stop_worker()
         cpu_only = (not self.gpu) if cpu_only is None else cpu_only
-        args = ["--cpu-only", "--arch", "sm_90"] if cpu_only else ["--gpus", "0"]
+        args = ["--cpu-only", "--arch", "sm_90"] if cpu_only else ["--gpus", gpus or "0"]
         self.worker_args = [*args, "--concurrency", str(concurrency)]
         self.wipe_worker_caches()
         self._workers_started += 1  # a log per start: a later worker must not overwrite one

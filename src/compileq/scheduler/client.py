@@ -116,6 +116,11 @@ class KernelClient:
         return self._store
 
     @property
+    def client_id(self) -> str:
+        """``host:pid:nonce``: the owner written into the leases this client takes."""
+        return self._id
+
+    @property
     def router(self) -> Router:
         return self._router
 

@@ -38,7 +38,7 @@ from compileq.scheduler import import_hooks
 from compileq.scheduler.client import KernelClient
 from compileq.tasks import events
 from compileq.tasks.app import COMPILE_FX
-from compileq.tasks.fx_jobs import CODEGEN_ENV, FxJob
+from compileq.tasks.fx_jobs import CODEGEN_ENV, CodegenState, FxJob
 from compileq.tasks.queues import fx_queue
 
 _COMPILE_FX = "torch._inductor.compile_fx"
@@ -60,8 +60,12 @@ class Fallback(CompileqError):
 
 
 class Route:
-    def __init__(self, queue: str, target: str, toolchain: FxToolchain) -> None:
+    def __init__(
+        self, queue: str, target: str, toolchain: FxToolchain, device_index: int | None = None
+    ) -> None:
         self.queue, self.target, self.toolchain = queue, target, toolchain
+        #: The graph's CUDA index; it travels as 0 (see tasks/device_index.py).
+        self.device_index = device_index
 
 
 def generated_remotely() -> bool:
@@ -90,6 +94,16 @@ def codegen_env() -> dict[str, str]:
     return {name: os.environ[name] for name in CODEGEN_ENV if name in os.environ}
 
 
+def codegen_state() -> CodegenState:
+    """What codegen reads of this process beyond the pickled input (see ``CodegenState``)."""
+    import torch
+    from torch._inductor import utils
+
+    read = getattr(utils, "get_donated_idxs", None)
+    donated = read() if read is not None else None
+    return CodegenState(torch.get_num_threads(), None if donated is None else tuple(donated))
+
+
 def fell_back(error: Fallback) -> None:
     warn_once(error.topic, "compileq: %s; compiling the graph in process", error)
     client = _client
@@ -101,9 +115,9 @@ def fell_back(error: Fallback) -> None:
 # -- routing ----------------------------------------------------------------------------------
 
 
-def graph_devices(gm: Any, example_inputs: Sequence[Any]) -> tuple[Target | None, bool]:
-    """The GPU a graph's code is generated for (None for a CPU-only graph), and whether any
-    of its tensors is on the CPU (then C++ may be generated too).
+def graph_devices(gm: Any, example_inputs: Sequence[Any]) -> tuple[Target | None, bool, int | None]:
+    """The GPU a graph's code is generated for (None for a CPU-only graph), whether any
+    of its tensors is on the CPU (then C++ may be generated too), and the GPU's index.
 
     Read from the example inputs and every node's fake value, so a graph that creates GPU
     tensors from CPU inputs still counts as a GPU graph.
@@ -122,18 +136,19 @@ def graph_devices(gm: Any, example_inputs: Sequence[Any]) -> tuple[Target | None
     gpus = {d for d in devices if d.type != "cpu"}
     cpu = any(d.type == "cpu" for d in devices)
     if not gpus:
-        return None, True
+        return None, True, None
     if len(gpus) > 1 or next(iter(gpus)).type != "cuda":
         raise Fallback(
             "fx-devices", f"graph on devices compileq does not route ({sorted(map(str, gpus))})"
         )
     index = next(iter(gpus)).index
-    props = torch.cuda.get_device_properties(
-        torch.cuda.current_device() if index is None else index
-    )
+    if index is None:
+        index = torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(index)
     if torch.version.hip:
-        return Target("hip", props.gcnArchName.split(":")[0], props.warp_size), cpu
-    return Target("cuda", str(props.major * 10 + props.minor), props.warp_size), cpu
+        # Not normalised: the index rewriting knows CUDA's code only.
+        return Target("hip", props.gcnArchName.split(":")[0], props.warp_size), cpu, None
+    return Target("cuda", str(props.major * 10 + props.minor), props.warp_size), cpu, index
 
 
 def choose_route(gm: Any, example_inputs: Sequence[Any]) -> Route:
@@ -142,7 +157,12 @@ def choose_route(gm: Any, example_inputs: Sequence[Any]) -> Route:
         raise Fallback("fx-off", "remote FX codegen is not set up in this process")
     if client.redis_down():
         raise Fallback("fx-redis", f"Redis at {client.settings.redis_display} is down")
-    gpu, cpu = graph_devices(gm, example_inputs)
+    gpu, cpu, index = graph_devices(gm, example_inputs)
+    if index:
+        from torch._inductor import config
+
+        if config.cpp_wrapper:
+            raise Fallback("fx-device", f"C++ wrapper code for cuda:{index} (only cuda:0 travels)")
     toolchain = _toolchains.get(gpu)
     if toolchain is None:
         toolchain = _toolchains[gpu] = local_fx_toolchain(gpu)
@@ -157,7 +177,7 @@ def choose_route(gm: Any, example_inputs: Sequence[Any]) -> Route:
         raise Fallback("fx-redis", f"Redis failed ({e})") from e
     if not live:
         raise Fallback(f"fx-no-worker:{queue}", f"no live worker for FX queue {queue} ({why})")
-    return Route(queue, target, toolchain)
+    return Route(queue, target, toolchain, index)
 
 
 # -- the remote round trip --------------------------------------------------------------------
@@ -178,12 +198,21 @@ def run_remote(client: KernelClient, job: FxJob, queue: str) -> bytes:
             # the poll, a second later.
             pubsub.subscribe(keys.DONE_CHANNEL)
             pubsub.get_message(timeout=settings.connect_timeout_s)
-            ttl = settings.visibility_timeout_s * 2  # as kernel jobs: a job outlives its wait
-            store.client.set(keys.job(key), store.seal(keys.job(key), job.to_bytes()), ex=ttl)
-            try:
-                client.send_task(COMPILE_FX, key, queue)
-            except Exception as e:  # kombu raises its own OperationalError family
-                raise Fallback("fx-broker", f"cannot reach the broker ({e})") from e
+            # Single flight: equal graphs make equal jobs (fx_wire writes them canonically),
+            # so a second process sending this graph (another rank, or a rank of another
+            # GPU index) waits for the first one's build instead of enqueueing its own. The
+            # worker drops the lease when it settles; a client that died before enqueueing
+            # holds it no longer than a wait would last.
+            lease = int(settings.deadline_s) + 1
+            if store.client.set(keys.lock(key), client.client_id, nx=True, ex=lease):
+                ttl = settings.visibility_timeout_s * 2  # as kernel jobs: a job outlives its wait
+                sealed = store.seal(keys.job(key), job.to_bytes())
+                store.client.set(keys.job(key), sealed, ex=ttl)
+                try:
+                    client.send_task(COMPILE_FX, key, queue)
+                except Exception as e:  # kombu raises its own OperationalError family
+                    store.client.delete(keys.lock(key))
+                    raise Fallback("fx-broker", f"cannot reach the broker ({e})") from e
             return _wait(client, pubsub, key, deadline)
         finally:
             pubsub.close()

@@ -16,16 +16,18 @@ from torch._inductor.compile_fx_ext import (
     _WireProtocolPickledOutput,
 )
 
-from compileq.scheduler import fx_remote
+from compileq.scheduler import fx_key, fx_remote
 from compileq.scheduler.fx_remote import Fallback, Route
+from compileq.tasks import device_index, portable
 from compileq.tasks.fx_jobs import FxJob
-from compileq.tasks.fx_ops import wire_ops
+from compileq.tasks.fx_wire import wire
 
 
 class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
     """Inductor's out-of-process FX compile, with a compileq worker as the child."""
 
     _route: Route | None = None
+    _graph_key: str | None = None
 
     def codegen_and_compile(
         self,
@@ -36,7 +38,10 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
     ) -> Any:
         fx_remote.mark_remote(False)
         try:
-            self._route = fx_remote.choose_route(gm, example_inputs)
+            route = self._route = fx_remote.choose_route(gm, example_inputs)
+            self._graph_key = fx_key.graph_key(
+                gm, example_inputs, graph_kwargs, inputs_to_check, route.device_index
+            )
             return super().codegen_and_compile(gm, example_inputs, inputs_to_check, graph_kwargs)
         except Fallback as e:
             # Raised before Inductor touched anything of the graph's (routing, or waiting
@@ -62,14 +67,8 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
         inputs_to_check: Sequence[int],
         graph_kwargs: Any,
     ) -> Any:
-        import torch
-        from torch._inductor import config
-
-        # CPU codegen writes this machine's thread count into the kernels when cpp.threads is
-        # unset (-1): pin it in the config that travels, or a worker with other cores would
-        # write code for its own machine. It is the value stock would use here.
-        pinned = {"cpp.threads": torch.get_num_threads()} if config.cpp.threads < 1 else {}
-        with config.patch(pinned), wire_ops():
+        route = self._route
+        with wire(route.device_index if route else None):
             serialized = super().serialize_compile(
                 gm, example_inputs, inputs_to_check, graph_kwargs
             )
@@ -92,10 +91,52 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
         if route is None or client is None:
             raise Fallback("fx-off", "remote FX codegen is not set up in this process")
         job = FxJob(
-            route.target, route.toolchain.digest, pickled_input.value, fx_remote.codegen_env()
+            route.target,
+            route.toolchain.digest,
+            pickled_input.value,
+            fx_remote.codegen_env(),
+            self._graph_key,
+            fx_remote.codegen_state(),
         )
         output = fx_remote.run_remote(client, job, route.queue)
         fx_remote.mark_remote(True)
         future: Future[_WireProtocolPickledOutput] = Future()
-        future.set_result(_WireProtocolPickledOutput(output))
+        future.set_result(_ClientOutput(output, route.device_index))
         return future
+
+
+class _ClientOutput(_WireProtocolPickledOutput):  # type: ignore[misc]
+    """A worker's output read back in the client: Inductor's ``deserialize``, with the code
+    retargeted from ``cuda:0`` to the graph's own GPU before Inductor writes and loads it,
+    and the client's own classes in place of their stand-ins."""
+
+    def __init__(self, value: bytes, index: int | None) -> None:
+        super().__init__(value)
+        self.index = index
+
+    def deserialize(self, constants: Any) -> Any:
+        from torch._inductor.compile_fx_ext import _current_fake_mode
+        from torch._inductor.output_code import CompiledFxGraph
+        from torch.fx._graph_pickler import GraphPickler
+
+        with portable.resolving():
+            result = GraphPickler.loads(self.value, _current_fake_mode())
+        graph = getattr(result, "graph", None)
+        if isinstance(graph, CompiledFxGraph):
+            if self.index:
+                retarget_graph(graph, self.index)
+            graph.after_deserialization(constants)
+        return result
+
+
+def retarget_graph(graph: Any, index: int) -> None:
+    """A ``CompiledFxGraph`` generated for ``cuda:0``, as generated for ``cuda:index``."""
+    from torch._inductor.codecache import PyCodeCache
+
+    graph.source_code = device_index.retarget_code(graph.source_code, index)
+    # The code's key names the file it is loaded from: another index is another module.
+    graph.cache_key = PyCodeCache.write(graph.source_code)[0]
+    if graph.device_idxs:
+        graph.device_idxs = type(graph.device_idxs)(
+            index if i == 0 else i for i in graph.device_idxs
+        )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import pickle
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -9,6 +11,7 @@ from typing import Any
 
 from compileq.scheduler.client import Built, KernelClient
 from compileq.scheduler.inductor import recognise
+from compileq.tasks import device_index
 
 
 class CompileqPool:
@@ -36,15 +39,23 @@ class CompileqPool:
             stock: Future[Any] = self._stock_pool().submit(fn, *args, **kwargs)
             return stock
         job, extra_env = recognised
-        return _then(self.client.submit(job, extra_env), _unpickle)
+        # Keyed and built as for cuda:0, so every rank of a node shares one build; loaded on
+        # this kernel's own GPU (see tasks/device_index.py).
+        index = device_index.kernel_index(job.source)
+        if index:
+            job = dataclasses.replace(job, source=device_index.normalise_kernel(job.source))
+        return _then(self.client.submit(job, extra_env), functools.partial(_unpickle, index))
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         self.client.close()
 
 
-def _unpickle(built: Built) -> Any:
+def _unpickle(index: int | None, built: Built) -> Any:
     # Safe to unpickle: the payload passed the HMAC check in the store (or was built here).
-    return pickle.loads(built.payload)
+    result = pickle.loads(built.payload)
+    if index:
+        device_index.retarget_kernel(result[0], index)
+    return result
 
 
 def _then(source: Future[Built], fn: Callable[[Built], Any]) -> Future[Any]:

@@ -20,8 +20,8 @@ from compileq._log import log
 from compileq.cache import meta
 from compileq.cache.counters import Counter
 from compileq.errors import CompileqError, ToolchainMismatch
-from compileq.tasks.fx_jobs import CODEGEN_ENV, FX, FxJob
-from compileq.tasks.fx_ops import wire_ops
+from compileq.tasks.fx_jobs import CODEGEN_ENV, FX, CodegenState, FxJob
+from compileq.tasks.fx_wire import wire
 from compileq.workers.execute import WorkerContext, already_done, context, open_job, reject, settle
 
 _installed_pid: int | None = None
@@ -80,10 +80,42 @@ def generate(ctx: WorkerContext, job: FxJob) -> bytes:
     # dirs they point at) must not leak into this one.
     clear_caches()
     torch._inductor.metrics.reset()
-    # The output carries the graph's ops back; wire_ops admits the same ones both ways.
-    with ctx.fx_slots.generating(), _codegen_env(job.env), wire_ops():
+    # The output carries the graph's ops (and the stand-ins of the client's classes) back:
+    # the wire admits the same ones both ways.
+    with (
+        ctx.fx_slots.generating(),
+        _codegen_env(job.env),
+        _codegen_state(job.state),
+        wire(),
+    ):
         output = _OutOfProcessFxCompile._run_in_child(_WireProtocolPickledInput(job.pickled_input))
     return bytes(output.value)
+
+
+@contextlib.contextmanager
+def _codegen_state(state: CodegenState) -> Iterator[None]:
+    """The client's thread count and donated buffers, as codegen reads them (``CodegenState``).
+
+    Donated buffers are read through ``get_donated_idxs`` in ``torch._inductor.graph``, which
+    looks in a tracing context that Inductor's pickler leaves without ``fw_metadata``; that
+    one name is swapped, not a stand-in ``fw_metadata`` whose other fields would be missing.
+    """
+    import torch
+    from torch._inductor import graph
+
+    threads = torch.get_num_threads()
+    original = getattr(graph, "get_donated_idxs", None)
+    if state.threads:
+        torch.set_num_threads(state.threads)
+    if original is not None:
+        donated = None if state.donated is None else list(state.donated)
+        graph.get_donated_idxs = lambda: donated
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        if original is not None:
+            graph.get_donated_idxs = original
 
 
 def _install_in_this_process(ctx: WorkerContext) -> None:

@@ -1,0 +1,166 @@
+"""The ``ddp`` scenario: torchrun over every GPU of the machine (two ranks on a CPU-only one),
+the Llama-style model of ``examples/llama_script.py`` (classes defined in the script, run as
+``__main__``), each rank with local cache dirs of its own as if on a node of its own; stock and
+compileq in one invocation.
+
+    python -m bench.ddp [--nproc N] [--reps R] [--out DIR] [-- SCRIPT ARGS]
+
+Each repetition runs, in fresh process trees:
+
+* ``stock_cold``: stock torch.compile, empty caches;
+* ``stock_remote_fill`` then ``stock_remote_new``: stock with its own Redis remote caches,
+  the second on empty local dirs (a new machine on a warm cluster);
+* ``compileq_cold``: ``compileq run``, compileq's store emptied and the workers' local caches
+  wiped (a cold cluster);
+* ``compileq_new``: ``compileq run`` again on empty local dirs.
+
+Per run: each rank's first step, all ranks done (launch to the end of the slowest rank's first
+step, start-up included), graph codegens against distinct graphs, and fallbacks. Writes
+``ddp.json`` and ``ddp.md`` to ``--out`` (default ``$OUT``, else ``bench-out/``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.harness import ROOT, Cluster, new_workdir
+
+SCRIPT = ROOT / "examples" / "llama_script.py"
+GPU_ARGS = ("--device", "cuda", "--width", "512", "--layers", "8", "--bucket-mb", "4")
+CPU_ARGS = ("--width", "128", "--layers", "4", "--bucket-mb", "1")
+RUNS = ("stock_cold", "stock_remote_fill", "stock_remote_new", "compileq_cold", "compileq_new")
+
+
+def run_job(
+    cluster: Cluster, workdir: Path, name: str, nproc: int, args: list[str], mode: str
+) -> dict[str, Any]:
+    caches = workdir / name
+    shutil.rmtree(caches, ignore_errors=True)
+    port = str(29500 + (os.getpid() + len(name) + int(time.monotonic())) % 1000)
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
+    argv += ["--master-port", port, str(SCRIPT), *args, "--rank-caches", str(caches)]
+    env = cluster.env()
+    if mode == "compileq":
+        argv = [sys.executable, "-m", "compileq.cli", "run", "--", *argv]
+    elif mode == "stock-remote":
+        env.update(cluster.stock_remote_env())
+    before = cluster.stats()
+    launched = time.time()
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1800)
+    (workdir / f"{name}.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        raise SystemExit(f"{name} failed:\n{proc.stderr[-4000:]}")
+    ranks = [json.loads(p.read_text()) for p in sorted(caches.glob("rank*/result.json"))]
+    after = cluster.stats()
+    delta = {k: int(after.get(k, 0)) - int(before.get(k, 0)) for k in after if k in before}
+    return {
+        "ranks_first_step_s": [r["first_step_s"] for r in ranks],
+        "all_done_s": round(max(r["finished_at"] for r in ranks) - launched, 3),
+        "distinct_graphs": ranks[0]["graphs"],
+        "codegens": delta.get("fx_remote_compiles", 0) + delta.get("fx_local_compiles", 0),
+        "fallbacks": delta.get("fallbacks", 0),
+        "losses": [r["losses"] for r in ranks],
+        "matches_eager": all(r["matches_eager"] for r in ranks),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    parser = argparse.ArgumentParser(prog="python -m bench.ddp", description=__doc__)
+    gpus = torch.cuda.device_count()
+    parser.add_argument("--nproc", type=int, default=gpus or 2)
+    parser.add_argument("--reps", type=int, default=1)
+    parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "bench-out"))
+    parser.add_argument("script_args", nargs="*", help="after --: llama_script.py arguments")
+    args = parser.parse_args(argv)
+    script_args = args.script_args or list(GPU_ARGS if gpus else CPU_ARGS)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    workdir = new_workdir()
+    cluster = Cluster(workdir, gpu=bool(gpus)).start()
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name in RUNS}
+    started = time.monotonic()
+    try:
+        worker_started = time.monotonic()
+        cluster.start_worker(4, gpus="all" if gpus else None)
+        worker_ready_s = round(time.monotonic() - worker_started, 1)
+        for rep in range(args.reps):
+            cluster.flush()
+            for name, mode in (
+                ("stock_cold", "stock"),
+                ("stock_remote_fill", "stock-remote"),
+                ("stock_remote_new", "stock-remote"),
+            ):
+                results[name].append(
+                    run_job(cluster, workdir, f"{name}-{rep}", args.nproc, script_args, mode)
+                )
+            cluster.flush()
+            cluster.wipe_worker_caches()
+            for name in ("compileq_cold", "compileq_new"):
+                results[name].append(
+                    run_job(cluster, workdir, f"{name}-{rep}", args.nproc, script_args, "compileq")
+                )
+    finally:
+        cluster.close()
+        for log in workdir.glob("*.log"):
+            shutil.copy(log, out / f"ddp-{log.name}")
+    meta = {
+        "device": torch.cuda.get_device_name(0) if gpus else "CPU only",
+        "gpus": gpus,
+        "nproc": args.nproc,
+        "torch": torch.__version__,
+        "script_args": script_args,
+        "worker_ready_s": worker_ready_s,
+        "bench_s": round(time.monotonic() - started, 1),
+    }
+    (out / "ddp.json").write_text(json.dumps({"meta": meta, "runs": results}, indent=1))
+    (out / "ddp.md").write_text(render(meta, results))
+    print((out / "ddp.md").read_text())
+    return 0
+
+
+def render(meta: dict[str, Any], results: dict[str, list[dict[str, Any]]]) -> str:
+    def median(name: str, field: str) -> float:
+        return statistics.median(r[field] for r in results[name])
+
+    stock_cold = median("stock_cold", "all_done_s")
+    stock_new = median("stock_remote_new", "all_done_s")
+    lines = [
+        f"DDP on {meta['nproc']} ranks ({meta['device']}, torch {meta['torch']}); "
+        f"worker ready in {meta['worker_ready_s']} s",
+        "",
+        "| run | first step per rank (s) | all ranks done (s) | vs stock | codegens / graphs "
+        "| fallbacks | losses = stock |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    reference = results["stock_cold"][0]["losses"]
+    for name in RUNS:
+        rows = results[name]
+        last = rows[-1]
+        base = stock_new if name.endswith("_new") else stock_cold
+        same = all(
+            abs(a - b) <= 1e-2 * max(1.0, abs(b))
+            for r in rows
+            for ours, theirs in zip(r["losses"], reference, strict=True)
+            for a, b in zip(ours, theirs, strict=True)
+        )
+        lines.append(
+            f"| {name} | {' / '.join(f'{s:.2f}' for s in last['ranks_first_step_s'])} "
+            f"| {median(name, 'all_done_s'):.2f} | {median(name, 'all_done_s') / base:.2f}x "
+            f"| {last['codegens']} / {last['distinct_graphs']} | {last['fallbacks']} | {same} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,237 @@
+"""A training script as users write them: the model's classes defined right here, run as
+``__main__`` (directly, or by torchrun). A Llama-style decoder: RMSNorm, rotary positions,
+grouped-query attention, SwiGLU; AdamW; bf16 autocast on a GPU.
+
+    python llama_script.py [--device cpu|cuda|cuda:K] [--steps N] [--width W]
+                           [--bucket-mb MB] [--dump-code DIR]
+    torchrun --nproc-per-node 2 llama_script.py ...     # DDP (gloo on CPU, NCCL on GPUs)
+
+Each rank trains a compiled copy and an eager copy from the same weights and prints one JSON
+line: its losses, whether they (and the final weights) equal eager's, the first step's time,
+and how many graphs it compiled (distinct output code) and looked up. ``--dump-code DIR`` writes every output-code module this process
+loaded, for comparing codegen on a worker with codegen in process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (
+            x
+            * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).type_as(x)
+            * (self.weight)
+        )
+
+
+def rotary(x: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding over the last dimension (pairs of channels)."""
+    seq, half = x.shape[-2], x.shape[-1] // 2
+    freqs = 1.0 / (10000 ** (torch.arange(half, device=x.device, dtype=torch.float32) / half))
+    angles = torch.outer(torch.arange(seq, device=x.device, dtype=torch.float32), freqs)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, heads: int, kv_heads: int) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
+        self.q = nn.Linear(dim, dim, bias=False)
+        self.kv = nn.Linear(dim, 2 * kv_heads * self.head_dim, bias=False)
+        self.out = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q = self.q(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k, v = self.kv(x).view(b, s, 2, self.kv_heads, self.head_dim).unbind(2)
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
+        repeat = self.heads // self.kv_heads
+        k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+        y = F.scaled_dot_product_attention(rotary(q), rotary(k), v, is_causal=True)
+        return self.out(y.transpose(1, 2).reshape(b, s, -1))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.gate = nn.Linear(dim, 2 * dim, bias=False)
+        self.up = nn.Linear(dim, 2 * dim, bias=False)
+        self.down = nn.Linear(2 * dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, heads: int, kv_heads: int) -> None:
+        super().__init__()
+        self.attn_norm, self.attn = RMSNorm(dim), Attention(dim, heads, kv_heads)
+        self.mlp_norm, self.mlp = RMSNorm(dim), SwiGLU(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x))
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Llama(nn.Module):
+    def __init__(self, vocab: int = 256, dim: int = 64, layers: int = 3) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.blocks = nn.ModuleList(Block(dim, heads=4, kv_heads=2) for _ in range(layers))
+        self.norm = RMSNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--width", type=int, default=64)
+    p.add_argument("--layers", type=int, default=3)
+    p.add_argument("--bucket-mb", type=float, default=None, help="DDP bucket cap (small: more)")
+    p.add_argument("--dump-code", default=None)
+    p.add_argument(
+        "--rank-caches",
+        default=None,
+        help="give each rank its own Inductor and Triton cache dirs under this one (as if each "
+        "ran on a node of its own)",
+    )
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse()
+    distributed = "RANK" in os.environ
+    rank = int(os.environ.get("RANK", "0"))
+    if args.rank_caches:  # read lazily by Inductor and Triton: set before the first compile
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{args.rank_caches}/rank{rank}/inductor"
+        os.environ["TRITON_CACHE_DIR"] = f"{args.rank_caches}/rank{rank}/triton"
+    device = torch.device(args.device)
+    if distributed and device.type == "cuda":
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if distributed:
+        import torch.distributed as dist
+
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+
+    torch.manual_seed(0)
+    model = Llama(dim=args.width, layers=args.layers).to(device)
+    reference = Llama(dim=args.width, layers=args.layers).to(device)
+    reference.load_state_dict(model.state_dict())
+    if distributed:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ids = [device.index] if device.type == "cuda" else None
+        cap = {"bucket_cap_mb": args.bucket_mb} if args.bucket_mb else {}
+        model = DDP(model, device_ids=ids, **cap)  # type: ignore[assignment]
+        reference = DDP(reference, device_ids=ids, **cap)  # type: ignore[assignment]
+    compiled = torch.compile(model)
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (model, reference)]
+    generator = torch.Generator().manual_seed(1 + rank)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+
+    def step(net: nn.Module, optimizer: torch.optim.Optimizer, tokens: torch.Tensor) -> float:
+        with autocast:
+            logits = net(tokens[:, :-1])
+        loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(loss)
+
+    losses, eager, first_step_s, finished_at = [], [], 0.0, 0.0
+    for i in range(args.steps):
+        tokens = torch.randint(0, 256, (4, 33), generator=generator).to(device)
+        started = time.perf_counter()
+        losses.append(step(compiled, optimizers[0], tokens))
+        if i == 0:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            first_step_s = time.perf_counter() - started
+            finished_at = time.time()
+        eager.append(step(reference, optimizers[1], tokens))
+
+    tolerance = 2e-2 if device.type == "cuda" else 1e-4
+    same = all(
+        abs(a - b) <= tolerance * max(1.0, abs(b)) for a, b in zip(losses, eager, strict=False)
+    )
+    same = same and all(
+        torch.allclose(p.float(), q.float(), atol=tolerance * 5, rtol=tolerance)
+        for p, q in zip(model.parameters(), reference.parameters(), strict=True)
+    )
+    if args.dump_code:
+        dump_output_code(Path(args.dump_code) / f"rank{rank}")
+    from torch._inductor.codecache import PyCodeCache
+
+    # Graphs this rank compiled, each counted once: DDP recompiles some at later steps.
+    distinct = {m.__file__ for m in list(PyCodeCache.modules) if hasattr(m, "call")}
+    from torch._dynamo.utils import counters
+
+    import compileq.scheduler as sched
+
+    result = {
+        "rank": rank,
+        "device": str(device),
+        "losses": losses,
+        "eager_losses": eager,
+        "matches_eager": same,
+        "first_step_s": round(first_step_s, 3),
+        "finished_at": finished_at,  # wall clock at the end of the first step
+        "graphs": len(distinct),
+        "graph_lookups": sum(
+            counters["inductor"][k] for k in ("fxgraph_cache_miss", "fxgraph_cache_hit")
+        ),
+        "compileq": sched.installed_pool() is not None,
+    }
+    print(json.dumps(result), flush=True)
+    if args.rank_caches:  # ranks share stdout, where their lines can interleave
+        path = Path(args.rank_caches, f"rank{rank}", "result.json")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result))
+    if distributed:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+
+
+def dump_output_code(into: Path) -> None:
+    """Every output-code module this process loaded (the ones with a ``call``), one file each
+    named by position, so two runs of one script compare file by file."""
+    from torch._inductor.codecache import PyCodeCache
+
+    into.mkdir(parents=True, exist_ok=True)
+    sources = sorted(
+        Path(module.__file__).read_text()
+        for module in list(PyCodeCache.modules)
+        if hasattr(module, "call") and getattr(module, "__file__", None)
+    )
+    for i, source in enumerate(sources):
+        (into / f"graph{i}.py").write_text(source)
+
+
+if __name__ == "__main__":
+    main()

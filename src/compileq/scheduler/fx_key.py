@@ -1,0 +1,78 @@
+"""The key of a graph's codegen job: Inductor's FX-graph hash, written for ``cuda:0``.
+
+Equal graphs must give equal job keys, in every rank and on every node, so that one worker
+generates a graph once and every other process that sends it waits for that build (the job's
+lease) or finds its output. The pickled compile input cannot serve: two processes pickling the
+same graph write different bytes (object ids keying ``fwd_nn_module_stack``, provenance graph
+ids, sets of classes iterated in id order). Inductor's FX-graph cache key is built to be stable
+across processes and already decides, in stock Inductor, that two compiles may share one output:
+compileq computes it again with a pickler that also writes every ``cuda:k`` as ``cuda:0``, so
+the ranks of a node, each on its own GPU, agree too.
+
+Rejected alternatives: canonicalising the wire bytes (each new kind of process-specific value
+became another miss, and Python's pickler offers no hook for sets), and the FX cache key as
+Inductor computed it (it names the device index, and is not handed to codegen).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+from compileq.tasks import device_index
+
+
+def graph_key(
+    gm: Any,
+    example_inputs: Sequence[Any],
+    graph_kwargs: Any,
+    inputs_to_check: Sequence[int],
+    index: int | None,
+) -> str | None:
+    """sha256 of Inductor's hash details of the graph with ``cuda:index`` as ``cuda:0``; None
+    where Inductor would not cache the graph (then the job is keyed by its bytes)."""
+    from torch._inductor.codecache import FxGraphHashDetails
+
+    try:
+        details = FxGraphHashDetails(gm, example_inputs, graph_kwargs, inputs_to_check)
+        pickler = _pickler_class()(gm, len(details.user_defined_triton_source) != 0, index)
+        return hashlib.sha256(pickler.dumps(details)).hexdigest()
+    except Exception:  # BypassFxGraphCache and anything that refuses to pickle
+        return None
+
+
+@functools.cache
+def _pickler_class() -> type:
+    import torch
+    from torch._inductor.codecache import FxGraphCachePickler
+
+    class KeyPickler(FxGraphCachePickler):  # type: ignore[misc,valid-type]
+        def __init__(self, gm: Any, user_triton: bool, index: int | None) -> None:
+            super().__init__(gm, user_triton)
+            if not index:
+                return
+            self._index = index
+            self.dispatch_table[torch.device] = self._reduce_device
+            # The graph's own code writes its devices as ``device(type='cuda', index=k)``.
+            for module in gm.modules():
+                if isinstance(module, torch.fx.GraphModule):
+                    base = self.dispatch_table.get(module.__class__)
+                    self.dispatch_table[module.__class__] = functools.partial(
+                        self._reduce_graph_module_for_cuda0, base
+                    )
+
+        def _reduce_device(self, device: Any) -> Any:
+            if device.type == "cuda" and device.index == self._index:
+                return torch.device, ("cuda", 0)
+            return device.__reduce__()
+
+        def _reduce_graph_module_for_cuda0(self, base: Any, gm: Any) -> Any:
+            fn, (data, *rest) = base(gm) if base is not None else gm.__reduce__()
+            code = data.get("_code")
+            if isinstance(code, str):
+                data = {**data, "_code": device_index.normalise_code(code, self._index)}
+            return fn, (data, *rest)
+
+    return KeyPickler

@@ -1,0 +1,102 @@
+"""Running training scripts the way users do: ``compileq run -- python SCRIPT`` or
+``compileq run -- torchrun --nproc-per-node N SCRIPT``, each rank with its own cache dirs.
+
+Shared by the CPU tests (tests/test_user_scripts.py) and the GPU tests (tests/test_gpu_ranks.py).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import Env, compileq_cmd
+
+LLAMA = Path(__file__).resolve().parents[1] / "examples" / "llama_script.py"
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+#: Inductor names a kernel's file in a comment; the file lies in whichever cache dir built it.
+_KERNEL_PATH = re.compile(r"^# kernel path: .*$", re.MULTILINE)
+#: A hash of the Triton backend as this process sees it, in every GPU kernel's metadata. A
+#: process that has built a kernel hashes the ptxas Inductor switched Triton to; one that has
+#: not, the ptxas Triton found first: equal toolchains (routing checks the assembler itself),
+#: two spellings. It names autotuning results, never changes the code.
+_BACKEND_HASH = re.compile(r"'backend_hash': '[0-9A-F]+'")
+
+
+@dataclass
+class ScriptRun:
+    ranks: list[dict[str, Any]]  # each rank's JSON line, by rank
+    stderr: str
+
+
+def run_script(
+    env: Env,
+    tmp: Path,
+    name: str,
+    script: Path,
+    *args: str,
+    nproc: int = 0,
+    compileq: bool = True,
+    run_flags: tuple[str, ...] = (),
+    extra_env: dict[str, str] | None = None,
+    timeout: float = 900,
+) -> ScriptRun:
+    """``[compileq run --] [torchrun --nproc-per-node N] python SCRIPT ARGS`` in a fresh process
+    tree; every rank gets empty Inductor/Triton cache dirs of its own under ``tmp/name``."""
+    caches = tmp / name
+    launcher = (
+        [*TORCHRUN, "--nproc-per-node", str(nproc), "--master-port", str(_free_port())]
+        if nproc
+        else [sys.executable]
+    )
+    argv = [*launcher, str(script), *args, "--rank-caches", str(caches)]
+    if compileq:
+        argv = compileq_cmd("run", *run_flags, "--", *argv)
+    proc = subprocess.run(
+        argv,
+        env=env.vars(
+            TORCHINDUCTOR_CACHE_DIR=str(caches / "launcher" / "inductor"),
+            TRITON_CACHE_DIR=str(caches / "launcher" / "triton"),
+            **(extra_env or {}),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    results = sorted(caches.glob("rank*/result.json"))
+    assert len(results) == max(nproc, 1), proc.stdout[-3000:]
+    ranks = [json.loads(path.read_text()) for path in results]
+    return ScriptRun(sorted(ranks, key=lambda r: int(r["rank"])), proc.stderr)
+
+
+def output_code(folder: Path) -> list[str]:
+    """The output-code modules a run dumped (``--dump-code``), kernel path comments masked."""
+    return [
+        _BACKEND_HASH.sub("'backend_hash': -", _KERNEL_PATH.sub("# kernel path: -", p.read_text()))
+        for p in sorted(folder.iterdir())
+    ]
+
+
+def code_diff(ours: list[str], theirs: list[str], limit: int = 60) -> str:
+    """The first lines of a unified diff between two runs' output code ("" when equal)."""
+    import difflib
+
+    lines: list[str] = []
+    if len(ours) != len(theirs):
+        lines.append(f"{len(ours)} output-code modules against {len(theirs)}")
+    for i, (a, b) in enumerate(zip(ours, theirs, strict=False)):
+        lines += difflib.unified_diff(
+            a.splitlines(), b.splitlines(), f"ours/graph{i}", f"theirs/graph{i}", lineterm="", n=1
+        )
+    return "\n".join(lines[:limit])
+
+
+def _free_port() -> int:
+    from compileq.localstack import free_port
+
+    return free_port()

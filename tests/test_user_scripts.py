@@ -1,0 +1,85 @@
+"""Training scripts as users write them, on CPU: the model's classes in the script run as
+``__main__`` or in a module the worker cannot import, and DDP under torchrun with each rank on
+its own cache dirs. Real redis-server, a real --cpu-only worker, real torch.compile.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import redis
+
+from tests.conftest import Env, Worker, stats
+from tests.scripts import LLAMA, code_diff, output_code, run_script
+from tests.test_fx_remote import COMPILES
+
+#: A small model: two graphs (forward, backward), a shorter suite.
+SMALL = ("--layers", "2")
+#: Wide enough for DDP to split the model into three buckets (DDPOptimizer: three subgraphs).
+DDP = ("--width", "128", "--layers", "4", "--bucket-mb", "1")
+
+
+def test_a_model_defined_in_the_script_is_generated_on_the_worker_as_the_client_would(
+    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
+) -> None:
+    remote = run_script(env, tmp_path, "remote", LLAMA, *SMALL, "--dump-code", str(tmp_path / "r"))
+    [result] = remote.ranks
+    assert result["matches_eager"] is True and result["compileq"] is True
+    counters = stats(env, tmp_path)
+    # Both graphs went to the worker although their metadata names __main__.Block & co.
+    assert counters["fx_remote_compiles"] == result["graphs"] == 2
+    assert counters["fx_local_compiles"] == 0 and counters["fallbacks"] == 0
+    assert "compiling the graph in process" not in remote.stderr
+
+    stock = run_script(
+        env, tmp_path, "stock", LLAMA, *SMALL, "--dump-code", str(tmp_path / "s"), compileq=False
+    )
+    assert stock.ranks[0]["losses"] == result["losses"]
+    # The worker wrote the code the client would have written itself, byte for byte (the
+    # thread count and the backward's donated buffers travel with the job).
+    ours, theirs = output_code(tmp_path / "r" / "rank0"), output_code(tmp_path / "s" / "rank0")
+    assert ours == theirs, code_diff(ours, theirs)
+
+
+def test_a_model_module_on_the_clients_path_but_not_the_workers_is_generated_remotely(
+    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
+) -> None:
+    # models/llama_mod.py beside the script, as in a user's repository: importable by the
+    # training script (its folder is on sys.path), not by the worker.
+    repo = tmp_path / "repo"
+    (repo / "models").mkdir(parents=True)
+    shutil.copy(LLAMA, repo / "models" / "llama_mod.py")
+    (repo / "models" / "__init__.py").write_text("")
+    script = repo / "train.py"
+    script.write_text("from models.llama_mod import main\n\nmain()\n")
+    run = run_script(env, tmp_path, "module", script, *SMALL, "--width", "48")
+    assert run.ranks[0]["matches_eager"] is True
+    counters = stats(env, tmp_path)
+    assert counters["fx_remote_compiles"] == run.ranks[0]["graphs"] == 2
+    assert counters["fx_local_compiles"] == 0 and counters["fallbacks"] == 0
+
+
+def test_a_ddp_job_generates_each_subgraph_once_and_a_second_job_compiles_nothing(
+    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
+) -> None:
+    first = run_script(env, tmp_path, "ddp1", LLAMA, *DDP, nproc=2)
+    for rank in first.ranks:
+        assert rank["matches_eager"] is True, rank
+    after_first = stats(env, tmp_path)
+    graphs = first.ranks[0]["graphs"]
+    assert graphs >= 6  # forward and backward of three DDP buckets
+    assert first.ranks[1]["graphs"] == graphs
+    # One codegen per distinct graph for the whole job: the other rank waited and hit.
+    assert after_first["fx_remote_compiles"] == graphs
+    assert after_first["fx_local_compiles"] == 0 and after_first["fallbacks"] == 0
+    assert after_first["fx_hits"] >= graphs
+
+    # The same job again on fresh local dirs, as on new machines: nothing compiles anywhere.
+    second = run_script(env, tmp_path, "ddp2", LLAMA, *DDP, nproc=2)
+    assert [r["losses"] for r in second.ranks] == [r["losses"] for r in first.ranks]
+    after = stats(env, tmp_path)
+    assert {c: after[c] for c in COMPILES} == {c: after_first[c] for c in COMPILES}
+    assert after["kernel_local_compiles"] == after_first["kernel_local_compiles"]
+    assert after["fx_hits"] - after_first["fx_hits"] == 2 * graphs
+    assert after["fallbacks"] == 0
