@@ -20,8 +20,9 @@ from compileq.config import Settings
 from compileq.localstack import RedisServer
 from compileq.tasks import liveness
 from compileq.tasks.app import COMPILE_FX, client_app
-from compileq.tasks.fx_jobs import FX, FxJob
+from compileq.tasks.fx_jobs import FX, CodegenState, FxJob
 from tests.conftest import Env, Worker, compileq_cmd, stats, wipe_cache
+from tests.test_doctor import doctor
 
 CLIENTS = Path(__file__).parent / "clients"
 TRAIN = CLIENTS / "train_cpu.py"
@@ -135,6 +136,12 @@ def test_a_graph_inductor_will_not_serialize_compiles_in_process_and_matches_eag
     assert counters["fx_remote_compiles"] == 0
     assert counters["fallbacks"] == 1  # its one graph (cond takes the branch at run time)
     assert run.stderr.count("Inductor will not serialize a graph") == 1  # logged once
+    # Counted under its reason, and doctor names it with what to do about it.
+    assert stats(env, tmp_path)["fallback_reasons"] == {"unserializable": 1}
+    _, checks, _ = doctor(env, tmp_path)
+    assert checks["fallbacks"]["status"] == "warn"
+    assert "'unserializable' (1)" in checks["fallbacks"]["detail"]
+    assert "torch.cond" in checks["fallbacks"]["hint"]
 
 
 def test_without_a_live_fx_worker_graphs_compile_in_process_and_it_is_said_once(
@@ -207,9 +214,35 @@ def test_an_fx_job_key_covers_toolchain_target_env_and_graph_and_round_trips() -
     assert len({job.key(), *(v.key() for v in variants)}) == 5
     assert job.key().startswith(keys.artifact(FX, ""))
     assert FxJob.from_bytes(job.to_bytes()) == job
-    for bad in (b"no header", b'{"target": 1, "toolchain": "x"}\nbody'):
+    for bad in (
+        b"no header",
+        b'{"target": 1, "toolchain": "x"}\nbody',
+        b'{"target": "t", "toolchain": "x", "state": {"threads": "2"}}\nbody',
+        b'{"target": "t", "toolchain": "x", "graph": 7}\nbody',
+    ):
         with pytest.raises(ValueError):
             FxJob.from_bytes(bad)
+
+
+def test_a_job_with_a_graph_key_is_keyed_by_it_not_by_its_bytes() -> None:
+    # Two ranks pickle one graph into different bytes (ids, set order): one key all the same.
+    job = FxJob("cpu-avx2", "a" * 20, b"rank0 bytes", graph_key="f" * 64)
+    assert FxJob(job.target, job.toolchain, b"rank1 bytes", graph_key=job.graph_key).key() == (
+        job.key()
+    )
+    assert FxJob(job.target, job.toolchain, job.pickled_input, graph_key="e" * 64).key() != (
+        job.key()
+    )
+    # What codegen reads of the client's process is part of what it generates, so of the key.
+    threaded = FxJob(
+        job.target,
+        job.toolchain,
+        b"x",
+        graph_key=job.graph_key,
+        state=CodegenState(threads=8, donated=(0, 2)),
+    )
+    assert threaded.key() != job.key()
+    assert FxJob.from_bytes(threaded.to_bytes()) == threaded
 
 
 def test_a_graph_whose_job_is_over_the_cap_compiles_in_process_and_says_so_once(

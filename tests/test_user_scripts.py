@@ -5,12 +5,15 @@ its own cache dirs. Real redis-server, a real --cpu-only worker, real torch.comp
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import redis
 
-from tests.conftest import Env, Worker, stats
+from tests.conftest import Env, Worker, compileq_cmd, stats
 from tests.scripts import LLAMA, code_diff, output_code, run_script
 from tests.test_fx_remote import COMPILES
 
@@ -83,3 +86,28 @@ def test_a_ddp_job_generates_each_subgraph_once_and_a_second_job_compiles_nothin
     assert after["kernel_local_compiles"] == after_first["kernel_local_compiles"]
     assert after["fx_hits"] - after_first["fx_hits"] == 2 * graphs
     assert after["fallbacks"] == 0
+
+
+def test_a_script_importing_inductor_internals_first_still_runs_and_generates_remotely(
+    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
+) -> None:
+    # compile_fx_ext imports compile_fx, whose import is where compileq hooks codegen: the
+    # hook must not import the half-loaded compile_fx_ext back (an ImportError in the script).
+    script = tmp_path / "internals_first.py"
+    script.write_text(
+        "import torch._inductor.compile_fx_ext  # noqa: F401\n"
+        "import json, torch\n"
+        "f = torch.compile(lambda x: (x.sin() * 3).sum(-1))\n"
+        "x = torch.randn(8, 8)\n"
+        "print(json.dumps({'ok': bool(torch.allclose(f(x), (x.sin() * 3).sum(-1)))}))\n"
+    )
+    proc = subprocess.run(
+        compileq_cmd("run", "--", sys.executable, str(script)),
+        env=env.vars(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor")),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"ok": True}
+    assert stats(env, tmp_path)["fx_remote_compiles"] == 1

@@ -19,6 +19,8 @@ JOB = f"{PREFIX}:job:"
 STATS = f"{PREFIX}:stats"
 #: Per-queue counters, one hash whose fields are ``<queue>|<counter>`` (one key to read or reset).
 QUEUE_STATS = f"{PREFIX}:stats:queues"
+#: Hash: fallback reason -> how many builds or graphs went local for it (``compileq stats``).
+FALLBACK_REASONS = f"{PREFIX}:stats:fallbacks"
 #: Slowest builds per kind, a capped sorted set scored by seconds: ``compileq:slow:<kind>``.
 SLOW = f"{PREFIX}:slow:"
 #: The key material an entry was built from (JSON): ``compileq:meta:<artifact key>``.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from typing import Any, cast
 
 import redis
@@ -30,6 +31,36 @@ class Counter(str, enum.Enum):
     INTEGRITY_FAILURES = "integrity_failures"
     FOREIGN_SECRET_ENTRIES = "foreign_secret_entries"
     REJECTED_TASKS = "rejected_tasks"
+
+
+class Reason(str, enum.Enum):
+    """Why a kernel or graph was built in the client (each one also counts in ``fallbacks``)."""
+
+    UNIMPORTABLE = "unimportable"  # codegen needed the client's own code (a stand-in was called)
+    DEVICE = "device"  # a graph on devices the wire does not carry
+    SIZE_CAP = "size-cap"  # a job over COMPILEQ_MAX_ENTRY_BYTES
+    DEADLINE = "deadline"  # no result within COMPILEQ_DEADLINE_S
+    WORKER_ERROR = "worker-error"  # the worker's build failed or refused the job
+    NO_WORKER = "no-worker"  # no live worker for the queue
+    UNSERIALIZABLE = "unserializable"  # Inductor would not pickle the graph
+    REDIS = "redis"  # Redis failed or is down
+    BROKER = "broker"  # the broker refused or could not be reached
+    LOST = "lost"  # announced done, but the output was gone from the store
+
+
+def fallback(reason: Reason, n: int = 1) -> Callable[[Any], None]:
+    """A record (see :meth:`RedisStore.count`) counting ``n`` fallbacks for ``reason``."""
+
+    def record(pipe: Any) -> None:
+        if n:
+            pipe.hincrby(keys.FALLBACK_REASONS, reason.value, n)
+
+    return record
+
+
+def read_fallback_reasons(client: redis.Redis) -> dict[str, int]:
+    raw = cast("dict[bytes, bytes]", client.hgetall(keys.FALLBACK_REASONS))
+    return {k.decode(errors="replace"): int(v) for k, v in raw.items() if v.isdigit()}
 
 
 def incr(pipe: redis.Redis | Any, counts: dict[Counter, int]) -> None:
@@ -80,6 +111,6 @@ def read_counters(client: redis.Redis) -> dict[str, int]:
 
 
 def reset_counters(client: redis.Redis) -> None:
-    """Zero the counters, per-queue counters and the slowest-builds lists."""
+    """Zero the counters, per-queue counters, fallback reasons and the slowest-builds lists."""
     slow = list(client.scan_iter(match=keys.SLOW + "*", count=1000))
-    client.delete(keys.STATS, keys.QUEUE_STATS, *slow)
+    client.delete(keys.STATS, keys.QUEUE_STATS, keys.FALLBACK_REASONS, *slow)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from compileq.cache import meta
-from compileq.cache.counters import read_counters, read_queue_counters
+from compileq.cache.counters import read_counters, read_fallback_reasons, read_queue_counters
 from compileq.cache.store import RedisStore
 from compileq.tasks import liveness
 
@@ -24,6 +24,9 @@ def snapshot(store: RedisStore) -> dict[str, Any]:
     values["entries"], values["bytes"] = store.usage()
     values["kernel_hit_rate"] = _rate(values["kernel_hits"], values["kernel_misses"])
     values["fx_hit_rate"] = _rate(values["fx_hits"], values["fx_misses"])
+    # Most frequent first: the first one is what to fix (``compileq doctor`` names it).
+    reasons = read_fallback_reasons(client)
+    values["fallback_reasons"] = dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
 
     workers = liveness.live_workers(client)
     queues: dict[str, dict[str, Any]] = {}
@@ -74,6 +77,9 @@ def render(values: dict[str, Any]) -> str:
     width = max(len(k) for k in flat)
     lines = ["compileq cluster statistics"]
     lines += [f"  {name:<{width}}  {_shown(name, value)}" for name, value in flat.items()]
+    if values.get("fallback_reasons"):
+        lines.append("fallbacks by reason")
+        lines += [f"  {n:>6}  {reason}" for reason, n in values["fallback_reasons"].items()]
     for queue, row in values.get("queues", {}).items():
         lines.append(f"queue {queue}")
         if "kernel_hits" in row:

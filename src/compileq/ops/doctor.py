@@ -16,6 +16,7 @@ from typing import Any
 import redis
 
 from compileq import keys
+from compileq.cache.counters import Counter, Reason, read_counters, read_fallback_reasons
 from compileq.cache.store import redis_client
 from compileq.config import Settings, redact
 from compileq.errors import CompileqError, ConfigError
@@ -58,7 +59,7 @@ def run(settings: Settings, targets: list[Target] | None) -> list[Check]:
         secret = None
         checks.append(Check("secret", FAIL, "COMPILEQ_SECRET is not set", str(e)))
     if cache is None:
-        for name in ("workers", "version skew", "gpu pinning", "clock skew"):
+        for name in ("workers", "version skew", "gpu pinning", "clock skew", "fallbacks"):
             checks.append(Check(name, WARN, "not checked: the cache Redis is out of reach"))
         return checks
     workers = liveness.live_workers(cache)
@@ -68,6 +69,7 @@ def run(settings: Settings, targets: list[Target] | None) -> list[Check]:
     checks.extend(_worker_checks(cache, settings, workers, chosen, how))
     checks.append(_pinning_check(workers))
     checks.append(_clock_check(cache, workers))
+    checks.append(_fallback_check(cache))
     return checks
 
 
@@ -279,6 +281,47 @@ def _pinning_check(workers: list[dict[str, Any]]) -> Check:
             "not start workers by hand with CUDA_VISIBLE_DEVICES unset or shared",
         )
     return Check("gpu pinning", OK, f"{len(gpu_workers)} GPU workers, one GPU each")
+
+
+# -- fallbacks --------------------------------------------------------------------------------
+
+#: What to do about the most frequent fallback reason (counters.Reason).
+_FALLBACK_HINTS = {
+    Reason.UNIMPORTABLE: "codegen needed the training script's own code on a worker, not only "
+    "its names; the worker log names it (StandInCalled); such graphs compile in process",
+    Reason.DEVICE: "graphs spanning several GPUs, or C++ wrapper code for cuda:k, k > 0, "
+    "compile in process",
+    Reason.SIZE_CAP: "raise COMPILEQ_MAX_ENTRY_BYTES (and Redis's proto-max-bulk-len with it)",
+    Reason.DEADLINE: "add workers for the busy queue (compileq stats) or raise COMPILEQ_DEADLINE_S",
+    Reason.WORKER_ERROR: "read the worker log: 'compileq worker: ... failed' says why",
+    Reason.NO_WORKER: "start `compileq worker` on a node whose toolchain matches "
+    "(`compileq doctor` above and `compileq explain --diff` say which)",
+    Reason.UNSERIALIZABLE: "graphs Inductor will not pickle (torch.cond, user Triton kernels) "
+    "compile in process as stock does; nothing to fix",
+    Reason.REDIS: "Redis failed or was down: see the cache redis check",
+    Reason.BROKER: "the broker refused or could not be reached: see the broker redis check",
+    Reason.LOST: "outputs were evicted before clients read them: give Redis more memory",
+}
+
+
+def _fallback_check(client: redis.Redis) -> Check:
+    """Builds and graphs that went local since the counters were last reset, and why."""
+    total = read_counters(client)[Counter.FALLBACKS.value]
+    reasons = read_fallback_reasons(client)
+    if not total:
+        return Check("fallbacks", OK, "none since the counters were last reset")
+    if not reasons:
+        return Check(
+            "fallbacks", WARN, f"{total} builds or graphs went local (reason not recorded)"
+        )
+    top, count = max(reasons.items(), key=lambda kv: (kv[1], kv[0]))
+    others = ", ".join(f"{n} {r}" for r, n in sorted(reasons.items()) if r != top)
+    detail = f"{total} builds or graphs went local; most for {top!r} ({count})" + (
+        f", then {others}" if others else ""
+    )
+    known = {r.value: r for r in Reason}
+    hint = _FALLBACK_HINTS.get(known[top], "") if top in known else ""
+    return Check("fallbacks", WARN, detail, hint + " (zero the counters: compileq stats --reset)")
 
 
 # -- clocks -----------------------------------------------------------------------------------

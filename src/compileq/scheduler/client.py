@@ -26,7 +26,7 @@ import redis
 from compileq import keys
 from compileq._log import log, warn_once
 from compileq.cache import meta
-from compileq.cache.counters import Counter
+from compileq.cache.counters import Counter, Reason, fallback
 from compileq.cache.store import Entry, RedisStore, redis_client
 from compileq.config import Settings, redact
 from compileq.errors import CompileqError, EntryTooLarge
@@ -215,7 +215,14 @@ class KernelClient:
                     Counter.FALLBACKS: len(unserved),
                 },
                 _per_queue(flights, misses, unserved),
-                [meta.record_misses([self._miss_record(f) for f in misses])] if misses else (),
+                [
+                    *(
+                        [meta.record_misses([self._miss_record(f) for f in misses])]
+                        if misses
+                        else ()
+                    ),
+                    fallback(Reason.NO_WORKER, len(unserved)),
+                ],
             )
             self._enqueue(remote)
             self._build_locally(unserved)
@@ -284,7 +291,11 @@ class KernelClient:
                 )
             else:
                 warn_once("broker", "compileq: cannot reach the broker (%s); compiling locally", e)
-            self._store.count({Counter.FALLBACKS: len(unsent)}, _per_queue([], [], unsent))
+            self._store.count(
+                {Counter.FALLBACKS: len(unsent)},
+                _per_queue([], [], unsent),
+                [fallback(Reason.BROKER, len(unsent))],
+            )
             self._build_locally(unsent)
 
     # -- local builds -------------------------------------------------------------------------
@@ -419,7 +430,10 @@ class KernelClient:
         # Counted like a deadline miss: the cluster did not deliver (a worker refusing the
         # job, e.g. for a signature made with another secret), and `fallbacks` is where an
         # operator looks for kernels that went local.
-        self._store.count({Counter.FALLBACKS: sum(not done[k].ok for k in waiting)})
+        failed = sum(not done[k].ok for k in waiting)
+        self._store.count(
+            {Counter.FALLBACKS: failed}, None, [fallback(Reason.WORKER_ERROR, failed)]
+        )
         entries = self._store.get_many([f.key for f in ok])
         for flight, entry in zip(ok, entries, strict=True):
             if entry is None:  # evicted, or rejected as corrupt: build it here
@@ -445,7 +459,11 @@ class KernelClient:
                 "compileq: remote builds missed the %.0fs deadline; compiling locally",
                 self._settings.deadline_s,
             )
-            self._store.count({Counter.FALLBACKS: len(late)}, _per_queue([], [], late))
+            self._store.count(
+                {Counter.FALLBACKS: len(late)},
+                _per_queue([], [], late),
+                [fallback(Reason.DEADLINE, len(late))],
+            )
             self._build_locally(late)
 
     # -- endings ------------------------------------------------------------------------------

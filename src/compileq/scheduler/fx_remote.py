@@ -31,7 +31,7 @@ import redis
 
 from compileq import keys
 from compileq._log import log, warn_once
-from compileq.cache.counters import Counter
+from compileq.cache.counters import Counter, Reason, fallback
 from compileq.errors import CompileqError, EntryTooLarge
 from compileq.fingerprint import FxToolchain, Target, fx_target, local_fx_toolchain
 from compileq.scheduler import import_hooks
@@ -104,12 +104,37 @@ def codegen_state() -> CodegenState:
     return CodegenState(torch.get_num_threads(), None if donated is None else tuple(donated))
 
 
+#: A fallback's topic (before any ``:``) -> the reason ``compileq stats`` counts it under.
+_REASONS = {
+    "fx-devices": Reason.DEVICE,
+    "fx-device": Reason.DEVICE,
+    "fx-redis": Reason.REDIS,
+    "fx-off": Reason.NO_WORKER,
+    "fx-no-worker": Reason.NO_WORKER,
+    "fx-broker": Reason.BROKER,
+    "fx-too-large": Reason.SIZE_CAP,
+    "fx-deadline": Reason.DEADLINE,
+    "fx-failed": Reason.WORKER_ERROR,
+    "fx-lost": Reason.LOST,
+    "fx-unserializable": Reason.UNSERIALIZABLE,
+}
+#: Worker errors meaning codegen needed the client's own code, not only its name.
+_UNIMPORTABLE = ("StandInCalled", "Can't get attribute", "No module named")
+
+
+def reason_of(error: Fallback) -> Reason:
+    reason = _REASONS.get(error.topic.split(":", 1)[0], Reason.WORKER_ERROR)
+    if reason is Reason.WORKER_ERROR and any(mark in str(error) for mark in _UNIMPORTABLE):
+        return Reason.UNIMPORTABLE
+    return reason
+
+
 def fell_back(error: Fallback) -> None:
     warn_once(error.topic, "compileq: %s; compiling the graph in process", error)
     client = _client
     if client is not None and not client.redis_down():
         with contextlib.suppress(redis.RedisError):
-            client.store.count({Counter.FALLBACKS: 1})
+            client.store.count({Counter.FALLBACKS: 1}, None, [fallback(reason_of(error))])
 
 
 # -- routing ----------------------------------------------------------------------------------
@@ -269,10 +294,39 @@ def enable(client: KernelClient) -> None:
     import_hooks.after_import(_COMPILE_FX, _activate)
 
 
+_COMPILE_FX_EXT = "torch._inductor.compile_fx_ext"
+
+
 def _activate(module: Any) -> None:
-    global _saved
     if _client is None or _saved is not None or not hasattr(module, "fx_codegen_and_compile"):
         return
+    ext = sys.modules.get(_COMPILE_FX_EXT)
+    if ext is not None and not hasattr(ext, "_OutOfProcessFxCompile"):
+        # A script that imports compile_fx_ext first loads compile_fx from inside it:
+        # importing compile_fx_subproc now would import the half-made compile_fx_ext and
+        # fail the script's own import. So activate at the first graph codegen, which looks
+        # fx_codegen_and_compile up in compile_fx's globals at each call.
+        _activate_on_first_codegen(module)
+        return
+    try:
+        _patch(module)
+    except Exception as e:  # compileq may leave codegen where it is, never fail an import
+        warn_once("fx-activate", "compileq: FX codegen stays in process (%s)", e)
+
+
+def _activate_on_first_codegen(module: Any) -> None:
+    original = module.fx_codegen_and_compile
+
+    def first(*args: Any, **kwargs: Any) -> Any:
+        module.fx_codegen_and_compile = original
+        _activate(module)
+        return original(*args, **kwargs)
+
+    module.fx_codegen_and_compile = first
+
+
+def _patch(module: Any) -> None:
+    global _saved
     from torch._inductor import compile_fx_subproc
 
     from compileq.scheduler.fx_scheme import RemoteFxCompile

@@ -21,7 +21,7 @@ from torch._inductor.remote_cache import RemoteCacheBackend
 from compileq import keys
 from compileq._log import warn_once
 from compileq.cache import meta
-from compileq.cache.counters import Counter
+from compileq.cache.counters import Counter, Reason, fallback
 from compileq.cache.store import Entry, RedisStore
 from compileq.errors import CompileqError
 from compileq.fingerprint import host_identity
@@ -84,7 +84,7 @@ class _StoreBackend(RemoteCacheBackend[bytes]):  # type: ignore[misc]
                     "compileq: waited %.0fs for a graph another process compiles; compiling locally",
                     _deadline_s,
                 )
-                _store.count({Counter.FALLBACKS: 1})
+                _store.count({Counter.FALLBACKS: 1}, None, [fallback(Reason.DEADLINE)])
                 return None
             time.sleep(delay)
             delay = min(delay * 2, 0.5)

@@ -82,23 +82,15 @@ class FxJob:
         the signature, not the worker, vouches that key and input belong together.
         """
         digest = hashlib.sha256()
-        head: dict[str, object] = {
-            "kind": FX,
-            "format": FORMAT,
-            "toolchain": self.toolchain,
-            "target": self.target,
-            "env": self.env,
-            "state": self.state.to_json(),
-        }
-        if self.graph_key is not None:
-            head["graph"] = self.graph_key
+        head = {"kind": FX, "format": FORMAT, **self._header()}
         digest.update(json.dumps(head, sort_keys=True, separators=(",", ":")).encode())
         if self.graph_key is None:
             digest.update(b"\0")
             digest.update(self.pickled_input)
         return keys.artifact(FX, digest.hexdigest())
 
-    def to_bytes(self) -> bytes:
+    def _header(self) -> dict[str, object]:
+        """What travels ahead of the pickled input; with kind and format, what the key covers."""
         head: dict[str, object] = {
             "target": self.target,
             "toolchain": self.toolchain,
@@ -107,7 +99,10 @@ class FxJob:
         }
         if self.graph_key is not None:
             head["graph"] = self.graph_key
-        return json.dumps(head, sort_keys=True).encode() + b"\n" + self.pickled_input
+        return head
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(self._header(), sort_keys=True).encode() + b"\n" + self.pickled_input
 
     @classmethod
     def from_bytes(cls, data: bytes) -> FxJob:

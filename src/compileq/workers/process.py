@@ -10,6 +10,7 @@ import argparse
 import os
 import socket
 import sys
+import time
 from typing import Any
 
 from compileq._log import log
@@ -27,7 +28,28 @@ def preload(cpu_only: bool) -> None:
     import torch._inductor.runtime.triton_heuristics  # noqa: F401
 
 
+class StartTimes:
+    """Seconds spent in each phase of a worker's start, logged once it takes work: where a
+    slow start goes (imports, fingerprints, probes, the fork check) is then in every log."""
+
+    def __init__(self) -> None:
+        self._started = self._last = time.monotonic()
+        self.phases: dict[str, float] = {}
+
+    def lap(self, phase: str) -> None:
+        now = time.monotonic()
+        self.phases[phase] = self.phases.get(phase, 0.0) + now - self._last
+        self._last = now
+
+    def summary(self) -> str:
+        self.lap("celery start")
+        total = time.monotonic() - self._started
+        parts = ", ".join(f"{name} {s:.1f}s" for name, s in self.phases.items())
+        return f"ready {total:.1f}s after its process started ({parts})"
+
+
 def main(argv: list[str] | None = None) -> int:
+    times = StartTimes()
     parser = argparse.ArgumentParser(prog="compileq-worker-process")
     parser.add_argument("--name", required=True)
     parser.add_argument("--targets", required=True, help="comma list, e.g. cuda-90-w32")
@@ -56,9 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     from compileq.tasks.broker import warn_if_evicting
 
     warn_if_evicting(settings)
+    times.lap("compileq imports")
     preload(args.cpu_only)
+    times.lap("torch imports")
     targets = [Target.parse(t) for t in args.targets.split(",")]
     toolchains = {t: local_toolchain(t) for t in targets}
+    times.lap("kernel toolchains")
     queues = [triton_queue(toolchains[t], t) for t in targets]
     client = redis_client(settings.redis_url, settings)
     store = RedisStore(client, settings)
@@ -69,10 +94,12 @@ def main(argv: list[str] | None = None) -> int:
         # Finding this CPU's vector ISAs compiles a probe per ISA; shared through the store,
         # a client asking the same question of the same CPU loads them instead of building.
         cpp_cache.enable(store, Counter.CPP_REMOTE_COMPILES)
+        times.lap("c++ cache")
     # FX codegen: every worker generates CPU graphs for its own CPU (vector ISAs, compiler);
     # a GPU worker also generates graphs for its GPU. A --cpu-only worker's --arch targets
     # are for cross-compiling kernels only: generating a GPU graph needs the GPU.
     fx_toolchains = {fx_target(None): local_fx_toolchain(None)}
+    times.lap("cpu isa probes")
     fx_gpus = [] if args.cpu_only else targets
     if fx_gpus and not cuda_fork.forks_cleanly():  # checked last: after all setup so far
         log.warning(
@@ -87,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         fx_toolchains[fx_target(gpu)] = fx_toolchain
         # GPU graphs without a CPU tensor are routed by the GPU alone (see fx_target).
         fx_toolchains[fx_target(gpu, cpu=False)] = fx_toolchain
+    times.lap("gpu fx toolchains and fork check")
     queues += [fx_queue(tc, target) for target, tc in fx_toolchains.items()]
     host = socket.gethostname()
     worker_id = f"{host}:{args.name}:{os.getpid()}"
@@ -127,7 +155,11 @@ def main(argv: list[str] | None = None) -> int:
 
     # Announce liveness only once the pool can take work, and withdraw it before shutdown,
     # so clients never route to a worker that is not consuming.
-    signals.worker_ready.connect(lambda **_: heartbeat.start(), weak=False)
+    def ready(**_: Any) -> None:
+        heartbeat.start()
+        log.info("compileq worker %s: %s", args.name, times.summary())
+
+    signals.worker_ready.connect(ready, weak=False)
     signals.worker_shutdown.connect(lambda **_: heartbeat.stop(), weak=False)
     log.info("compileq worker %s: queues %s", args.name, ", ".join(queues))
     app.worker_main(

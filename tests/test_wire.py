@@ -1,0 +1,137 @@
+"""compileq's FX wire in isolation: stand-ins for the user's code, one device index, the
+reasons fallbacks are counted under. (End to end: tests/test_user_scripts.py and
+tests/test_gpu_ranks.py.)"""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+import textwrap
+
+import torch
+
+from compileq.cache.counters import Reason
+from compileq.scheduler.fx_remote import Fallback, reason_of
+from compileq.tasks import device_index, portable
+from compileq.tasks.fx_wire import wire
+
+
+class ScriptModule(torch.nn.Module):  # stands for a class of the user's script
+    pass
+
+
+def test_user_classes_and_functions_travel_as_stand_ins_and_torch_objects_by_reference() -> None:
+    assert portable.needs_stand_in(ScriptModule)  # tests.* is no package a worker has
+    assert portable.needs_stand_in(lambda x: x)
+    assert not portable.needs_stand_in(torch.nn.Linear)
+    assert not portable.needs_stand_in(torch.add)
+    assert not portable.needs_stand_in(len)
+    assert not portable.needs_stand_in(ScriptModule())  # instances travel by their class
+
+
+def test_a_stand_in_keeps_the_names_codegen_reads_and_refuses_to_be_called() -> None:
+    cls = portable.stand_in(portable.CLASS, "__main__", "Model.Block")
+    assert (cls.__module__, cls.__qualname__, cls.__name__) == ("__main__", "Model.Block", "Block")
+    assert portable.stand_in(portable.CLASS, "__main__", "Model.Block") is cls  # one per name
+    assert isinstance(cls(1, key=2), portable.StandIn)  # whatever a pickle hands it
+    fn = portable.stand_in(portable.FUNCTION, "models.llama", "rotary.<locals>.<lambda>")
+    assert fn.__name__ == "<lambda>" and fn.__module__ == "models.llama"
+    try:
+        fn(1)
+    except portable.StandInCalled as e:
+        assert "models.llama.rotary.<locals>.<lambda>" in str(e)
+    else:
+        raise AssertionError("calling a stand-in function must raise")
+
+
+def test_the_client_reads_its_own_classes_back_where_it_can_import_them() -> None:
+    with portable.resolving():
+        assert portable.stand_in(portable.CLASS, __name__, "ScriptModule") is ScriptModule
+    assert portable.stand_in(portable.CLASS, __name__, "ScriptModule") is not ScriptModule
+
+
+def test_a_pickle_naming_main_classes_loads_in_a_process_that_never_saw_them() -> None:
+    from torch.fx._graph_pickler import GraphPickler
+
+    meta = {"fwd_nn_module_stack": {"140": ("L['self'].block", ScriptModule)}, "f": lambda: 1}
+    with wire():
+        data = GraphPickler.dumps(meta)
+    # A fresh interpreter: no tests.test_wire, no lambda, only compileq and torch.
+    code = textwrap.dedent(
+        """
+        import pickle, sys
+        meta = pickle.loads(sys.stdin.buffer.read())
+        cls = meta["fwd_nn_module_stack"]["140"][1]
+        print(cls.__module__, cls.__qualname__, meta["f"].__qualname__)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], input=data, capture_output=True, check=True
+    ).stdout.decode()
+    module, qualname, function = out.split()
+    assert (module, qualname) == ("tests.test_wire", "ScriptModule")
+    assert function.endswith(".<locals>.<lambda>")
+    with wire():
+        assert pickle.loads(data)["fwd_nn_module_stack"]["140"][0] == "L['self'].block"
+
+
+def test_the_wire_writes_the_graphs_gpu_as_cuda_0_and_leaves_other_devices() -> None:
+    from torch.fx._graph_pickler import GraphPickler
+
+    devices = [torch.device("cuda", 3), torch.device("cpu"), torch.device("cuda", 1)]
+    with wire(device_index=3):
+        assert pickle.loads(GraphPickler.dumps(devices)) == [
+            torch.device("cuda", 0),
+            torch.device("cpu"),
+            torch.device("cuda", 1),
+        ]
+    with wire():
+        assert pickle.loads(GraphPickler.dumps(devices)) == devices
+
+
+OUTPUT_CODE = """\
+with torch.cuda._DeviceGuard(0):
+    torch.cuda.set_device(0)
+    buf0 = empty_strided_cuda((4, ), (1, ), torch.float32)
+    stream0 = get_raw_stream(0)
+    triton_poi_fused_0.run(arg0_1, buf0, 4, stream=stream0)
+    buf1 = torch.empty((4,), device='cuda:0')
+    x = torch.ones(2, device=device(type='cuda', index=0))
+# %mm : Tensor "f32[4, 4][4, 1]cuda:0" = PlaceHolder[target=mm]
+    triton_meta={'device': DeviceProperties(type='cuda', index=0, multi_processor_count=132, cc=90)}
+    buf10 = stream10  # names that merely contain the digits stay
+"""
+
+
+def test_output_code_for_cuda_0_is_retargeted_to_cuda_k_and_back() -> None:
+    retargeted = device_index.retarget_code(OUTPUT_CODE, 5)
+    assert "_DeviceGuard(5)" in retargeted and "set_device(5)" in retargeted
+    assert "stream5 = get_raw_stream(5)" in retargeted and "stream=stream5" in retargeted
+    assert "device='cuda:5'" in retargeted and "index=5)" in retargeted
+    assert 'cuda:5"' in retargeted and "DeviceProperties(type='cuda', index=5," in retargeted
+    assert "buf10 = stream10" in retargeted and "buf0 = " in retargeted
+    assert device_index.normalise_code(retargeted, 5) == OUTPUT_CODE
+    assert device_index.retarget_code(OUTPUT_CODE, 0) == OUTPUT_CODE
+
+
+def test_a_kernel_of_cuda_k_is_keyed_as_cuda_0() -> None:
+    source = "@triton_heuristics.pointwise(triton_meta={'device': DeviceProperties(type='cuda', index=2, cc=90)})"
+    assert device_index.kernel_index(source) == 2
+    assert device_index.kernel_index(device_index.normalise_kernel(source)) == 0
+    assert device_index.kernel_index("def cpu_kernel(): pass") is None
+
+
+def test_fallbacks_are_counted_under_the_reason_an_operator_acts_on() -> None:
+    def reason(topic: str, message: str = "") -> Reason:
+        return reason_of(Fallback(topic, message))
+
+    assert reason("fx-no-worker:compileq.fx.abc.cpu-avx2") is Reason.NO_WORKER
+    assert reason("fx-deadline") is Reason.DEADLINE
+    assert reason("fx-too-large") is Reason.SIZE_CAP
+    assert reason("fx-devices") is Reason.DEVICE
+    assert reason("fx-unserializable") is Reason.UNSERIALIZABLE
+    assert reason("fx-failed", "failed (RuntimeError: CUDA out of memory)") is Reason.WORKER_ERROR
+    assert reason("fx-failed", "failed (StandInCalled: codegen called __main__.f)") is (
+        Reason.UNIMPORTABLE
+    )
