@@ -21,6 +21,7 @@ import pytest
 import redis
 
 from compileq import keys, localstack
+from compileq.cache.counters import reset_counters
 from compileq.config import Settings
 from compileq.localstack import RedisServer, stop
 
@@ -136,10 +137,12 @@ def worker(env: Env, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worke
 
 def wipe_cache(client: redis.Redis) -> None:
     """Drop artifacts, leases, jobs, counters and records; workers' heartbeats are kept."""
-    for pattern in (keys.ARTIFACT, keys.LOCK, keys.JOB, keys.META, keys.SIBLINGS, keys.SLOW):
+    for pattern in (keys.ARTIFACT, keys.LOCK, keys.JOB, keys.META, keys.SIBLINGS):
         for key in client.scan_iter(match=pattern + "*"):
             client.delete(key)
-    client.delete(keys.STATS, keys.QUEUE_STATS, keys.MISSES)
+    client.delete(keys.MISSES)
+    # The same reset as `compileq stats --reset`, so a counter added there is wiped here too.
+    reset_counters(client)
 
 
 @pytest.fixture
