@@ -120,7 +120,9 @@ class Cluster:
         for key in client.scan_iter(count=1000):
             name = key.decode()
             if name.startswith(keys.PREFIX + ":"):
-                keep = name.startswith((keys.WORKERS, keys.WORKER_INFO, keys.BROKER))
+                keep = name == keys.WORKER_REGISTRY or name.startswith(
+                    (keys.WORKERS, keys.WORKER_INFO, keys.BROKER)
+                )
                 if compileq and not keep:
                     client.delete(key)
             elif stock:

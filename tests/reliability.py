@@ -26,6 +26,7 @@ class Row:
     observed: str
     lost: int
     test: str
+    attacker: str = "none (a fault)"
     passed: bool | None = None
 
 
@@ -34,9 +35,15 @@ class Recorder:
         self._rows = rows
         self._test = test
 
-    def record(self, fault: str, expected: str, observed: str, lost: int) -> None:
-        """One row; ``observed`` and ``lost`` must come from what the test measured."""
-        self._rows.append(Row(fault, expected, observed, lost, self._test))
+    def record(
+        self, fault: str, expected: str, observed: str, lost: int, *, attacker: str = ""
+    ) -> None:
+        """One row; ``observed`` and ``lost`` must come from what the test measured.
+        ``attacker``: what someone needs to cause this on purpose (a fault needs nobody)."""
+        row = Row(fault, expected, observed, lost, self._test)
+        if attacker:
+            row.attacker = attacker
+        self._rows.append(row)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -98,14 +105,15 @@ def render(rows: list[Row]) -> str:
         f"Run: Python {platform.python_version()}, torch {torch.__version__}, "
         f"Triton {triton_version}, {platform.machine()}.",
         "",
-        "| fault or bad input | expected | observed in this run | lost | test |",
-        "|---|---|---|---|---|",
+        "| fault or bad input | an attacker needs | expected | observed in this run | lost | test |",
+        "|---|---|---|---|---|---|",
     ]
     for row in rows:
         status = {True: "", False: " **FAILED**", None: " (not finished)"}[row.passed]
         name = row.test.split("::", 1)[-1]
         lines.append(
-            f"| {_cell(row.fault)} | {_cell(row.expected)} | {_cell(row.observed)}{status} "
+            f"| {_cell(row.fault)} | {_cell(row.attacker)} | {_cell(row.expected)} "
+            f"| {_cell(row.observed)}{status} "
             f"| {row.lost} | `{_cell(name)}` |"
         )
     lost = sum(r.lost for r in rows)

@@ -137,26 +137,30 @@ def test_tampered_truncated_foreign_and_wrong_kind_entries_are_rejected_removed_
     clean_cache.set(victims[3], ours.seal(other_kind, ours.get(victims[3].decode()) or b""))
 
     report = warm_json(env, MLP, tmp_path / "again")
-    # Damaged entries are rebuilt by the worker. The foreign-secret one is left in place (it
-    # may be the other node that is right), so the worker's build cannot replace it and the
-    # client, finding no entry of its own, builds that kernel itself.
-    assert (report["hits"], report["remote"], report["local"], report["failed"]) == (n - 4, 3, 1, 0)
+    # Every rejected entry is rebuilt by the worker. Damaged ones were deleted on read; the
+    # foreign-secret one was left in place (deleting on read would let a node with a wrong
+    # secret empty the cache), and the worker's verified build replaces it: a worker builds
+    # only jobs signed with the cluster's secret, so that entry is stale or planted.
+    assert (report["hits"], report["remote"], report["local"], report["failed"]) == (n - 4, 4, 0, 0)
     counters = stats(env, tmp_path)
     assert counters["integrity_failures"] == 3
     assert counters["foreign_secret_entries"] >= 1
-    assert clean_cache.get(victims[2]) is not None
-    # The rebuilt entries are sound: a third client hits everything but the foreign entry.
+    assert counters["replaced_entries"] == 1
+    # The rebuilt entries are sound: a third client hits everything.
     final = warm_json(env, MLP, tmp_path / "final")
-    assert (final["hits"], final["failed"]) == (n - 1, 0)
+    assert (final["hits"], final["failed"]) == (n, 0)
     reliability.record(
         "tampered, truncated, foreign-secret and wrong-kind cache entries (one each)",
-        "each rejected before unpickling and counted; damaged ones removed and rebuilt, the "
-        "foreign-secret one left in place and built locally; a miss, never an error",
+        "each rejected before unpickling and counted; damaged ones removed on read, the "
+        "foreign-secret one left in place until a verified rebuild replaces it; a miss, never "
+        "an error",
         f"integrity_failures={counters['integrity_failures']}, foreign_secret_entries="
-        f"{counters['foreign_secret_entries']}; next client: {report['hits']} hits, "
+        f"{counters['foreign_secret_entries']}, replaced_entries="
+        f"{counters['replaced_entries']}; next client: {report['hits']} hits, "
         f"{report['remote']} rebuilt remotely, {report['local']} locally, {report['failed']} "
         f"failed; third client: {final['hits']}/{n} hits",
         report["failed"] + final["failed"],
+        attacker="write access to Redis",
     )
 
 

@@ -47,6 +47,6 @@ def test_the_reliability_table_lists_every_fault_the_suite_injects_and_nothing_e
 
 def test_the_reliability_table_shows_nothing_lost_and_nothing_failed() -> None:
     for row in documented_rows():
-        fault, _expected, observed, lost, _test = row
+        fault, _attacker, _expected, observed, lost, _test = row
         assert lost == "0", fault
         assert "FAILED" not in observed and "not finished" not in observed, fault

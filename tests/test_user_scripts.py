@@ -98,8 +98,12 @@ def test_a_script_importing_inductor_internals_first_still_runs_and_generates_re
         "import torch._inductor.compile_fx_ext  # noqa: F401\n"
         "import json, torch\n"
         "f = torch.compile(lambda x: (x.sin() * 3).sum(-1))\n"
+        "torch.manual_seed(0)\n"
         "x = torch.randn(8, 8)\n"
-        "print(json.dumps({'ok': bool(torch.allclose(f(x), (x.sin() * 3).sum(-1)))}))\n"
+        # A sum's order differs between eager and Inductor's vectorised loop: an absolute
+        # tolerance too, or a row summing near zero fails on rounding alone.
+        "ok = torch.allclose(f(x), (x.sin() * 3).sum(-1), atol=1e-5)\n"
+        "print(json.dumps({'ok': bool(ok)}))\n"
     )
     proc = subprocess.run(
         compileq_cmd("run", "--", sys.executable, str(script)),

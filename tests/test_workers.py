@@ -17,7 +17,7 @@ from compileq.tasks.app import celery_config
 from compileq.workers.fx_slots import FxSlots
 from compileq.workers.gpus import Gpu, select_gpus
 from compileq.workers.supervisor import plan
-from tests.conftest import Env, RedisServer, start_worker, stop_worker
+from tests.conftest import SECRET, Env, RedisServer, start_worker, stop_worker
 
 H100 = Target("cuda", "90", 32)
 GPUS = [Gpu(0, "H100", H100), Gpu(1, "H100", H100)]
@@ -91,12 +91,12 @@ def test_a_stopped_worker_withdraws_its_heartbeat(
     }
     # Its kernel queue (sm_90) and the FX codegen queue of its own CPU.
     assert len(queues) == 2 and any(q.startswith("compileq.fx.") for q in queues)
-    assert all(liveness.live_count(client, q, ttl_s=3) == 1 for q in queues)
+    assert all(liveness.live_count(client, q, 3, SECRET.encode()) == 1 for q in queues)
     (info,) = liveness.workers_info(client)
     assert info["cpu_only"] is True and set(info["queues"]) == queues
     stop_worker(worker)
     deadline = time.monotonic() + 10
-    while any(liveness.live_count(client, q, ttl_s=3) for q in queues):
+    while any(liveness.live_count(client, q, 3, SECRET.encode()) for q in queues):
         assert time.monotonic() < deadline
         time.sleep(0.2)
     assert liveness.workers_info(client) == []

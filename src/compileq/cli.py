@@ -1,4 +1,9 @@
-"""The ``compileq`` command."""
+"""The ``compileq`` command.
+
+Exit codes: 0 done; 1 it ran but something failed (a build, a doctor check); 2 bad input
+(a malformed setting, argument or manifest, or a Redis that cannot be reached), reported as one
+``compileq: error:`` line on stderr, never a traceback. A traceback means a bug in compileq.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from compileq.config import Settings
+import redis
+from pydantic import ValidationError
+
+from compileq._text import printable, printable_values
+from compileq.config import Settings, load_settings, settings_error
 from compileq.errors import CompileqError
 
 if TYPE_CHECKING:
@@ -20,7 +29,10 @@ def _settings(args: argparse.Namespace) -> Settings:
     overrides = {}
     if getattr(args, "redis_url", None):
         overrides["redis_url"] = args.redis_url
-    return Settings(**overrides)
+    settings = load_settings(given_as={"redis_url": "--redis-url"}, **overrides)
+    # Kept for main(): a Redis error names the URL it was talking to, without the password.
+    args.redis_shown = settings.redis_display
+    return settings
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -89,7 +101,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
     settings = _settings(args)
     store = RedisStore(redis_client(settings.redis_url, settings), settings)
     values = snapshot(store)
-    print(json.dumps(values) if args.json else render(values))
+    # Worker ids, hosts, queue names and reasons come from Redis: escaped in text mode, so
+    # none can forge a line (JSON escapes them itself).
+    print(json.dumps(values) if args.json else render(printable_values(values)))
     if args.reset:
         reset_counters(store.client)
     return 0
@@ -231,15 +245,41 @@ def _version() -> str:
     return f"compileq {__version__}"
 
 
+#: The longest error line shown: enough for any of compileq's own messages.
+_ERROR_LIMIT = 1000
+
+
+def _error(message: str) -> int:
+    # Escaped: messages quote manifest lines, file names and values read from Redis, and the
+    # rule is one line.
+    print(f"compileq: error: {printable(message, _ERROR_LIMIT)}", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. Bad input of every known kind exits 2 with one line (here, so every
+    command follows the same rule); any other exception is a bug and keeps its traceback."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
         code: int = args.func(args)
         return code
-    except CompileqError as e:
-        print(f"compileq: error: {e}", file=sys.stderr)
-        return 2
+    except CompileqError as e:  # ConfigError, ManifestError, ExplainError, UnsupportedTarget...
+        return _error(str(e))
+    except ValidationError as e:
+        if e.title != Settings.__name__:
+            raise  # compileq has no other model: a bug
+        return _error(str(settings_error(e)))  # a Settings built without load_settings()
+    except (redis.ConnectionError, redis.TimeoutError) as e:  # AuthenticationError included
+        # redis-py's messages name host and port, never the password.
+        where = f"Redis at {getattr(args, 'redis_shown', None) or 'the configured URL'}"
+        if isinstance(e, redis.AuthenticationError):
+            return _error(
+                f"{where} refused authentication: check the user and password in the URL ({e})"
+            )
+        if isinstance(e, redis.TimeoutError):
+            return _error(f"{where} did not answer in time ({e})")
+        return _error(f"{where} cannot be reached ({e})")
 
 
 if __name__ == "__main__":

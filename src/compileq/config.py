@@ -4,18 +4,27 @@ from __future__ import annotations
 
 import functools
 import os
+import typing
+from collections.abc import Mapping
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from redis.connection import parse_url
 
+from compileq._text import printable
 from compileq.errors import ConfigError
 
 
 class Settings(BaseSettings):
     """One place for every knob. ``Settings()`` reads the environment; keyword arguments win."""
 
-    model_config = SettingsConfigDict(env_prefix="COMPILEQ_", extra="ignore")
+    # hide_input_in_errors: a ValidationError's text would otherwise quote the value, and a
+    # URL's value carries its password; load_settings() shows values itself, redacted.
+    model_config = SettingsConfigDict(
+        env_prefix="COMPILEQ_", extra="ignore", hide_input_in_errors=True
+    )
 
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0", description="Redis holding the cache, locks and counters."
@@ -55,8 +64,23 @@ class Settings(BaseSettings):
     @field_validator("redis_url", "broker_url")
     @classmethod
     def _redis_scheme(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError(f"expected a redis://, rediss:// or unix:// URL, got {value!r}")
+        # The messages never quote the URL: it may hold a password (load_settings shows it
+        # redacted). The URL is parsed here as redis-py will parse it, so a bad port is a
+        # setting's error now, not a ValueError from deep inside the first connection.
+        if value is None:
+            return value
+        if not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("expected a redis://, rediss:// or unix:// URL")
+        try:
+            _ = urlsplit(value).port  # raises on a port that is no number or out of range
+        except ValueError:
+            raise ValueError(
+                "expected a Redis URL whose port is a number from 0 to 65535"
+            ) from None
+        try:
+            parse_url(value)  # type: ignore[no-untyped-call]  # unannotated in redis-py
+        except ValueError as e:  # its query arguments: "Invalid value for 'db' in ..."
+            raise ValueError(f"expected a Redis URL redis-py can read ({e})") from None
         return value
 
     @property
@@ -85,11 +109,29 @@ class Settings(BaseSettings):
 
 
 def redact(url: str) -> str:
-    """A Redis URL without its password or query string, for logs and messages."""
+    """A Redis URL without its password or query string, for logs and messages.
+
+    Safe on malformed URLs too, since those are the ones error messages show: an ``@`` that
+    did not land in the netloc (a password holding ``/``, ``?`` or ``#``, or no ``//``) hides
+    everything before it, and a port that is no number (``redis://user:password/0``, the
+    ``@host`` forgotten) is hidden, as it may be the password.
+    """
     parts = urlsplit(url)
+    if "@" in url and "@" not in parts.netloc:
+        head, sep, _ = url.partition("://")
+        scheme = f"{head}://" if sep and "@" not in head else ""
+        rest = url.rpartition("@")[2].split("?", 1)[0].split("#", 1)[0]
+        return f"{scheme}***@{rest}"
     netloc = parts.hostname or ""
-    if parts.port:
-        netloc = f"{netloc}:{parts.port}"
+    if ":" in netloc:  # IPv6: urlsplit took the brackets off
+        netloc = f"[{netloc}]"
+    try:
+        port = parts.port
+    except ValueError:
+        netloc = f"{netloc}:***"
+    else:
+        if port:
+            netloc = f"{netloc}:{port}"
     if parts.username:
         netloc = (
             f"{parts.username}:***@{netloc}" if parts.password else f"{parts.username}@{netloc}"
@@ -99,10 +141,83 @@ def redact(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
+#: What a setting's value must be, by the type it is read as.
+_EXPECTED = {
+    float: "a number",
+    int: "a whole number",
+    bool: "a boolean (1, 0, true, false, yes, no, on or off)",
+    str: "a string",
+}
+_URL_FIELDS = ("redis_url", "broker_url")
+
+
+def _expected(name: str, error: Mapping[str, Any]) -> str:
+    """What ``name`` must be, in words: pydantic's own messages name its types ("Input should
+    be a valid number"), not ours, and leave out the bound when parsing failed first."""
+    if error.get("type") == "value_error":  # one of our validators: its message says it
+        return str((error.get("ctx") or {}).get("error") or error.get("msg"))
+    field = Settings.model_fields.get(name)
+    if field is None:
+        return str(error.get("msg"))
+    # ``int | None`` is read as an int; the None is the default, never a typed value.
+    kinds = [t for t in typing.get_args(field.annotation) if t is not type(None)]
+    kind = kinds[0] if kinds else field.annotation
+    text = _EXPECTED.get(kind) if isinstance(kind, type) else None
+    if text is None:
+        return str(error.get("msg"))
+    bounds = [f"greater than {m.gt}" for m in field.metadata if getattr(m, "gt", None) is not None]
+    return " ".join(["expected", text, *bounds])
+
+
+def _shown(name: str, value: Any) -> str:
+    """A setting's bad value for a message: secrets never, URLs without their password."""
+    if name == "secret":
+        return ""
+    if name in _URL_FIELDS and isinstance(value, str):
+        return f"={printable(repr(redact(value)), 80)}"
+    return f"={printable(repr(value), 80)}"
+
+
+def settings_error(
+    error: ValidationError, given_as: Mapping[str, str] | None = None
+) -> ConfigError:
+    """One line for ``Settings``' validation error, naming each bad setting as the user set
+    it: ``COMPILEQ_DEADLINE_S='abc' is not valid: expected a number greater than 0``.
+
+    ``given_as`` names settings passed as arguments rather than read from the environment
+    (``{"redis_url": "--redis-url"}``); a setting in it is named so, one not in it by its
+    environment variable.
+    """
+    given_as = given_as or {}
+    parts = []
+    for detail in error.errors(include_url=False):
+        loc = detail.get("loc") or ("?",)
+        name = str(loc[0])
+        label = given_as.get(name, f"COMPILEQ_{name.upper()}")
+        shown = _shown(name, detail.get("input"))
+        parts.append(f"{label}{shown} is not valid: {_expected(name, detail)}")
+    return ConfigError("; ".join(parts))
+
+
+def load_settings(*, given_as: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+    """``Settings(**overrides)``, raising :class:`ConfigError` with one line naming every bad
+    value instead of pydantic's multi-line ``ValidationError``, so every caller (the CLI,
+    ``install()``, workers) reports a bad environment the same way. ``given_as``: see
+    :func:`settings_error`."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as e:
+        # A keyword argument is named as such unless the caller says where it came from; a
+        # setting not passed came from the environment, whatever given_as says.
+        names = {k: (given_as or {}).get(k, k) for k in overrides}
+        raise settings_error(e, names) from None
+
+
 @functools.cache
 def get_settings() -> Settings:
-    """The process's settings, read once from the environment."""
-    return Settings()
+    """The process's settings, read once from the environment (:class:`ConfigError` if one is
+    malformed)."""
+    return load_settings()
 
 
 def reset_settings() -> None:

@@ -33,6 +33,9 @@ SIBLINGS = f"{PREFIX}:siblings:"
 MISSES = f"{PREFIX}:misses"
 #: Live workers per queue: sorted set of worker ids scored by Redis server time.
 WORKERS = f"{PREFIX}:workers:"
+#: Every worker by id, scored by Redis server time of its last beat: how readers find the
+#: workers' descriptions without a keyspace SCAN.
+WORKER_REGISTRY = f"{PREFIX}:workers"
 #: One worker's description (JSON, expiring with its heartbeat): ``compileq:worker:<id>``.
 WORKER_INFO = f"{PREFIX}:worker:"
 #: Pub/sub channel on which builds are announced (JSON ``{"key", "ok", "error"}``).

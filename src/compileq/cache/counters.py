@@ -31,6 +31,12 @@ class Counter(str, enum.Enum):
     INTEGRITY_FAILURES = "integrity_failures"
     FOREIGN_SECRET_ENTRIES = "foreign_secret_entries"
     REJECTED_TASKS = "rejected_tasks"
+    #: Worker records in Redis that were unsigned, stale or malformed (skipped, never routed to).
+    REJECTED_RECORDS = "rejected_records"
+    #: Entries that failed verification and were replaced by a verified rebuild.
+    REPLACED_ENTRIES = "replaced_entries"
+    #: Leases found without an expiry (never set by compileq) and treated as stale.
+    STALE_LEASES = "stale_leases"
 
 
 class Reason(str, enum.Enum):
@@ -46,6 +52,7 @@ class Reason(str, enum.Enum):
     REDIS = "redis"  # Redis failed or is down
     BROKER = "broker"  # the broker refused or could not be reached
     LOST = "lost"  # announced done, but the output was gone from the store
+    INTERNAL = "compileq-error"  # compileq's own code raised (see scheduler/boundary.py)
 
 
 def fallback(reason: Reason, n: int = 1) -> Callable[[Any], None]:
@@ -58,9 +65,25 @@ def fallback(reason: Reason, n: int = 1) -> Callable[[Any], None]:
     return record
 
 
+def _hash(client: redis.Redis, key: str) -> dict[str, int]:
+    """A counters hash as read back from Redis, where anybody may have written: a key of
+    another type reads as empty (the next count repairs it, see RedisStore.count), and
+    fields that are not known counters with integer values are skipped."""
+    if client.type(key) not in (b"hash", "hash"):
+        return {}
+    raw = cast("dict[bytes, bytes]", client.hgetall(key))
+    out = {}
+    for field, value in raw.items():
+        try:
+            out[field.decode()] = int(value)
+        except (UnicodeDecodeError, ValueError):
+            continue
+    return out
+
+
 def read_fallback_reasons(client: redis.Redis) -> dict[str, int]:
-    raw = cast("dict[bytes, bytes]", client.hgetall(keys.FALLBACK_REASONS))
-    return {k.decode(errors="replace"): int(v) for k, v in raw.items() if v.isdigit()}
+    known = {r.value for r in Reason}
+    return {k: v for k, v in _hash(client, keys.FALLBACK_REASONS).items() if k in known}
 
 
 def incr(pipe: redis.Redis | Any, counts: dict[Counter, int]) -> None:
@@ -94,19 +117,18 @@ def incr_queues(pipe: redis.Redis | Any, counts: dict[str, dict[Counter, int]]) 
 
 
 def read_queue_counters(client: redis.Redis) -> dict[str, dict[str, int]]:
-    raw = cast("dict[bytes, bytes]", client.hgetall(keys.QUEUE_STATS))
     out: dict[str, dict[str, int]] = {}
-    for field, value in raw.items():
-        queue, _, name = field.decode().rpartition("|")
-        if queue:
-            out.setdefault(queue, {c.value: 0 for c in PER_QUEUE})[name] = int(value)
+    known = {c.value for c in PER_QUEUE}
+    for field, value in _hash(client, keys.QUEUE_STATS).items():
+        queue, _, name = field.rpartition("|")
+        if queue.startswith((keys.QUEUE_PREFIX, keys.FX_QUEUE_PREFIX)) and name in known:
+            out.setdefault(queue, {c.value: 0 for c in PER_QUEUE})[name] = value
     return out
 
 
 def read_counters(client: redis.Redis) -> dict[str, int]:
-    raw = cast("dict[bytes, bytes]", client.hgetall(keys.STATS))
     values = {c.value: 0 for c in Counter}
-    values.update({k.decode(): int(v) for k, v in raw.items()})
+    values.update({k: v for k, v in _hash(client, keys.STATS).items() if k in values})
     return values
 
 

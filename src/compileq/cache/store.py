@@ -23,11 +23,61 @@ from compileq.errors import EntryTooLarge, ForeignSecret, IntegrityError
 _DELETE_IF_EQUAL = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.call('HINCRBY', KEYS[2], ARGV[2], 1)
   return 1
 end
 return 0
 """
+
+# Read a batch with a size bound before anything leaves Redis: a value over the cap comes back
+# as its length (never its bytes), a value of another type as -1, a miss as nil. Rejected
+# alternative: MGET, which hands over a multi-GB value planted by anyone who can write.
+_GET_BOUNDED = """
+local out = {}
+local cap = tonumber(ARGV[1])
+for i, key in ipairs(KEYS) do
+  local n = redis.pcall('STRLEN', key)
+  if type(n) ~= 'number' then out[i] = -1
+  elseif n == 0 then out[i] = false
+  elseif n > cap then out[i] = n
+  else out[i] = redis.call('GET', key) end
+end
+return out
+"""
+
+# Replace what a key holds only while it is still the bad value this process judged (or, for
+# an oversized value or one of another type, still such a value): a good entry written by
+# someone else meanwhile is never clobbered.
+_REPLACE_BAD = """
+local kind = redis.call('TYPE', KEYS[1])['ok']
+local bad = kind ~= 'string'
+if kind == 'string' then
+  if ARGV[1] == '' then bad = redis.call('STRLEN', KEYS[1]) > tonumber(ARGV[3])
+  else bad = redis.call('GET', KEYS[1]) == ARGV[1] end
+end
+if not bad then return 0 end
+if tonumber(ARGV[4]) > 0 then
+  redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[4])
+else
+  redis.call('SET', KEYS[1], ARGV[2])
+end
+return 1
+"""
+
+
+# Delete each key whose type is not the expected one (ARGV[i]); a missing key is fine.
+_DROP_WRONG_TYPE = """
+local n = 0
+for i, key in ipairs(KEYS) do
+  local kind = redis.call('TYPE', key)['ok']
+  if kind ~= 'none' and kind ~= ARGV[i] then
+    redis.call('DEL', key)
+    n = n + 1
+  end
+end
+return n
+"""
+#: The hashes ``count`` writes to.
+_COUNTER_KEYS = (keys.STATS, keys.QUEUE_STATS, keys.FALLBACK_REASONS)
 
 
 def redis_client(url: str, settings: Settings) -> redis.Redis:
@@ -84,34 +134,56 @@ class RedisStore(Store):
         self._max_bytes = settings.max_entry_bytes
         self._ttl = settings.ttl_s
         self._delete_if_equal = client.register_script(_DELETE_IF_EQUAL)
+        self._get_bounded = client.register_script(_GET_BOUNDED)
+        self._replace_bad = client.register_script(_REPLACE_BAD)
+        self._repair = client.register_script(_DROP_WRONG_TYPE)
+        #: Whether an entry sealed with another secret may be replaced by a build of ours.
+        #: Only while the cluster proves it shares our secret (a live worker's signed
+        #: heartbeat): then that entry is left from before a key rotation, or planted. A node
+        #: alone with a wrong secret must not overwrite the cluster's good entries.
+        self.replace_foreign: Callable[[], bool] = lambda: False
+        #: Told when a counter write finds Redis unreachable (the client then builds locally).
+        self.on_unreachable: Callable[[Exception], None] = lambda _: None
 
     def get_many(self, keys: Sequence[str]) -> list[Entry | None]:
         if not keys:
             return []
-        blobs = cast("list[bytes | None]", self.client.mget(list(keys)))
+        blobs = self.read_bounded(keys)
         return [
             None if blob is None else self._verify(key, blob)
             for key, blob in zip(keys, blobs, strict=True)
         ]
+
+    def read_bounded(self, keys: Sequence[str]) -> list[bytes | int | None]:
+        """Raw values, each at most ``max_entry_bytes``: a larger one comes back as its
+        length, one of another type as -1, a miss as None."""
+        return cast(
+            "list[bytes | int | None]", self._get_bounded(keys=list(keys), args=[self._max_bytes])
+        )
 
     def get(self, key: str) -> bytes | None:
         """The payload stored under ``key``, or None."""
         entry = self.get_many([key])[0]
         return None if entry is None else entry.payload()
 
-    def _verify(self, key: str, blob: bytes) -> Entry | None:
+    def _verify(self, key: str, blob: bytes | int) -> Entry | None:
+        if isinstance(blob, int):  # over the cap, or not a string: never read, never ours
+            what = "not a string" if blob < 0 else f"{blob} bytes, over the cap"
+            warn_once("oversized", "compileq: cache entry %s is %s; treated as a miss", key, what)
+            self.count({Counter.INTEGRITY_FAILURES: 1})
+            return None
         try:
             return Entry(key, verify(self._secret, key, blob), self._max_bytes)
         except ForeignSecret as e:
             # Left in place: this process cannot tell whose secret is the right one, and
-            # deleting would let one misconfigured node empty the whole cache.
+            # deleting would let one misconfigured node empty the whole cache. A build of
+            # ours may still replace it (see ``replace_foreign``).
             warn_once("foreign-secret", "compileq: cache entry not ours (%s); treated as a miss", e)
             self.count({Counter.FOREIGN_SECRET_ENTRIES: 1})
             return None
         except IntegrityError as e:
-            removed = self._delete_if_equal(
-                keys=[key, keys.STATS], args=[blob, Counter.INTEGRITY_FAILURES.value]
-            )
+            removed = self._delete_if_equal(keys=[key], args=[blob])
+            self.count({Counter.INTEGRITY_FAILURES: 1})
             log.warning("compileq: rejected cache entry (%s)%s", e, "; removed" if removed else "")
             return None
 
@@ -130,7 +202,33 @@ class RedisStore(Store):
         # SET NX: the first writer wins. Entries are content-addressed, so any later writer
         # holds the same artifact and overwriting would only add traffic (and a window where a
         # reader sees a half-replaced value on a replica).
-        return bool(self.client.set(key, blob, nx=True, ex=self._ttl))
+        if self.client.set(key, blob, nx=True, ex=self._ttl):
+            return True
+        return self._replace_if_bad(key, blob)
+
+    def _replace_if_bad(self, key: str, blob: bytes) -> bool:
+        """Put ``blob`` in place of an entry that fails verification, so no bad value (a
+        flipped key id, a rotated secret's entry, an oversized plant) is a permanent miss."""
+        current = self.read_bounded([key])[0]
+        expected = b""  # oversized, or of another type: the script checks it still is
+        if isinstance(current, bytes):
+            try:
+                verify(self._secret, key, current)
+                return False  # a good entry: the first writer won
+            except ForeignSecret:
+                if not self.replace_foreign():
+                    return False
+            except IntegrityError:
+                pass
+            expected = current
+        elif current is None:
+            return False  # gone meanwhile (expired): the next build's SET NX fills it
+        replaced = bool(
+            self._replace_bad(keys=[key], args=[expected, blob, self._max_bytes, self._ttl or 0])
+        )
+        if replaced:
+            self.count({Counter.REPLACED_ENTRIES: 1})
+        return replaced
 
     @property
     def ttl_s(self) -> int | None:
@@ -142,15 +240,40 @@ class RedisStore(Store):
         per_queue: dict[str, dict[Counter, int]] | None = None,
         records: Sequence[Callable[[Any], None]] = (),
     ) -> None:
-        """Counters, per-queue counters and ``records`` (see cache/meta.py) in one round trip."""
-        if any(counts.values()) or records:
+        """Counters, per-queue counters and ``records`` (see cache/meta.py) in one round trip.
+
+        Telemetry, kept apart from work: it never raises. A counter key of the wrong type
+        (``SET compileq:stats x``) or a Redis refusing writes must not turn a hit into a miss
+        or a build into a failure, nor make a client think Redis is down.
+        """
+        if not (any(counts.values()) or records):
+            return
+        try:
             pipe = self.client.pipeline(transaction=False)
             incr(pipe, counts)
             if per_queue:
                 incr_queues(pipe, per_queue)
             for record in records:
                 record(pipe)
-            pipe.execute()
+            failed = [r for r in pipe.execute(raise_on_error=False) if isinstance(r, Exception)]
+            if failed:
+                warn_once("telemetry", "compileq: counters not written (%s)", failed[0])
+                if any("WRONGTYPE" in str(e) for e in failed):
+                    self._repair_counters()
+        except (redis.ConnectionError, redis.TimeoutError) as e:
+            # Redis itself is gone, not just a counter: tell the owner, who stops asking it
+            # for a while (the next lookups would each wait out a timeout otherwise).
+            warn_once("telemetry", "compileq: counters not written (%s)", e)
+            self.on_unreachable(e)
+        except Exception as e:  # telemetry: whatever it is, the work goes on
+            warn_once("telemetry", "compileq: counters not written (%s)", e)
+
+    def _repair_counters(self) -> None:
+        """Drop a counter key that holds another type (``SET compileq:stats x``), so the next
+        write recreates it: counters are telemetry, and a lost count beats none for ever."""
+        wrong = self._repair(keys=list(_COUNTER_KEYS), args=["hash"] * len(_COUNTER_KEYS))
+        if wrong:
+            log.warning("compileq: removed %d counter keys of the wrong type", int(wrong))
 
     def usage(self) -> tuple[int, int]:
         # Counted by SCAN rather than kept as counters: TTLs and LRU eviction remove entries

@@ -16,6 +16,7 @@ from typing import Any
 import redis
 
 from compileq import keys
+from compileq._text import printable
 from compileq.cache.counters import Counter, Reason, read_counters, read_fallback_reasons
 from compileq.cache.store import redis_client
 from compileq.config import Settings, redact
@@ -28,6 +29,8 @@ OK, WARN, FAIL = "ok", "warn", "FAIL"
 #: Clock skew worth a warning, and skew that fails the check. Liveness and leases run on
 #: Redis's clock, so skew never misroutes a kernel; it misleads logs and TLS certificate checks.
 SKEW_WARN_S, SKEW_FAIL_S = 1.0, 60.0
+#: The longest detail or hint shown in text mode: a check may list every worker.
+LINE_LIMIT = 2000
 
 
 @dataclass(frozen=True)
@@ -38,8 +41,11 @@ class Check:
     hint: str = ""
 
     def line(self) -> str:
-        text = f"{self.status:<4}  {self.name:<14} {self.detail}"
-        return f"{text}\n      fix: {self.hint}" if self.hint and self.status != OK else text
+        # Details and hints quote worker ids, hosts, fallback reasons and Redis's errors, read
+        # from Redis: escaped, so a newline or a terminal escape in one cannot forge a line.
+        detail, hint = printable(self.detail, LINE_LIMIT), printable(self.hint, LINE_LIMIT)
+        text = f"{self.status:<4}  {self.name:<14} {detail}"
+        return f"{text}\n      fix: {hint}" if hint and self.status != OK else text
 
 
 def run(settings: Settings, targets: list[Target] | None) -> list[Check]:
@@ -199,7 +205,7 @@ def _worker_checks(
     unserved: list[tuple[Target, str, int]] = []
     for target in targets:
         queue = router.queue(target)
-        live = liveness.live_count(client, queue, settings.heartbeat_ttl_s)
+        live = router.live_count(queue)  # workers whose signed heartbeat verifies
         (served if live else unserved).append((target, queue, live))
     checks = []
     # Without a GPU or --arch, one matching target is enough: the machine may never build
@@ -301,6 +307,8 @@ _FALLBACK_HINTS = {
     Reason.REDIS: "Redis failed or was down: see the cache redis check",
     Reason.BROKER: "the broker refused or could not be reached: see the broker redis check",
     Reason.LOST: "outputs were evicted before clients read them: give Redis more memory",
+    Reason.INTERNAL: "compileq's own code raised (a bug, or a value in Redis it could not "
+    "read): the client log's 'compileq: internal error' line has the traceback; please report it",
 }
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import redis
 
 from compileq import keys
+from compileq._text import printable as _p
 from compileq.cache import meta
 from compileq.errors import CompileqError
 from compileq.fingerprint import Target, differences, flatten
@@ -217,33 +218,47 @@ def explain_last_misses(client: redis.Redis, n: int) -> list[dict[str, Any]]:
     return out
 
 
+# The renderers below print keys, hosts, worker ids, component names and values read from
+# Redis: each goes through _p (compileq._text.printable), so a newline or a terminal escape in
+# one cannot forge a line. Values are shown as repr() first, which keeps quotes and types.
+
+
 def render_key(info: dict[str, Any]) -> str:
-    lines = [f"{info['key']} (built by {info.get('built_by')} on {info.get('host')})"]
-    width = max((len(k) for k in info["components"]), default=0)
-    lines += [f"  {k:<{width}}  {v!r}" for k, v in info["components"].items()]
+    lines = [
+        f"{_p(str(info['key']))} (built by {_p(str(info.get('built_by')))} "
+        f"on {_p(str(info.get('host')))})"
+    ]
+    components = {_p(str(k)): _p(repr(v)) for k, v in info["components"].items()}
+    width = max((len(k) for k in components), default=0)
+    lines += [f"  {k:<{width}}  {v}" for k, v in components.items()]
     if "note" in info:
         lines.append(f"note: {info['note']}")
     if "against" in info:
-        lines.append(f"against {info['against']}:")
+        against = _p(str(info["against"]))
+        lines.append(f"against {against}:")
         if not info["differences"]:
             lines.append("  no component differs")
         for d in info["differences"]:
-            lines.append(f"  {d['component']}: key {d['key']!r}, {info['against']} {d['other']!r}")
+            lines.append(
+                f"  {_p(str(d['component']))}: key {_p(repr(d['key']))}, "
+                f"{against} {_p(repr(d['other']))}"
+            )
     return "\n".join(lines)
 
 
 def render_toolchains(info: dict[str, Any]) -> str:
-    lines = [f"this machine against worker {info['worker']}"]
+    lines = [f"this machine against worker {_p(str(info['worker']))}"]
     for row in info["targets"]:
+        target = _p(str(row["target"]))
         if "error" in row:
-            lines.append(f"  {row['target']}: {row['error']}")
+            lines.append(f"  {target}: {row['error']}")
         elif not row["differences"]:
-            lines.append(f"  {row['target']}: same toolchain")
+            lines.append(f"  {target}: same toolchain")
         else:
             for d in row["differences"]:
                 lines.append(
-                    f"  {row['target']}: {d['component']} here {d['here']!r}, "
-                    f"worker {d['worker']!r}"
+                    f"  {target}: {_p(str(d['component']))} here {_p(repr(d['here']))}, "
+                    f"worker {_p(repr(d['worker']))}"
                 )
     return "\n".join(lines)
 
@@ -253,15 +268,18 @@ def render_misses(rows: list[dict[str, Any]]) -> str:
         return "no kernel misses recorded"
     lines = []
     for row in rows:
-        lines.append(f"miss {row['name']} ({row['key']}) by {row['client']}")
+        lines.append(
+            f"miss {_p(str(row['name']))} ({_p(str(row['key']))}) by {_p(str(row['client']))}"
+        )
         if row["nearest"] is None:
             lines.append(f"  {row['reason']}")
             continue
-        lines.append(f"  nearest stored: {row['nearest']}")
+        lines.append(f"  nearest stored: {_p(str(row['nearest']))}")
         if not row["differences"]:
             lines.append("  no component differs (the entry was stored after this miss)")
         for d in row["differences"]:
             lines.append(
-                f"  differs in {d['component']}: miss {d['miss']!r}, stored {d['stored']!r}"
+                f"  differs in {_p(str(d['component']))}: miss {_p(repr(d['miss']))}, "
+                f"stored {_p(repr(d['stored']))}"
             )
     return "\n".join(lines)

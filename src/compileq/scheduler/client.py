@@ -30,6 +30,7 @@ from compileq.cache.counters import Counter, Reason, fallback
 from compileq.cache.store import Entry, RedisStore, redis_client
 from compileq.config import Settings, redact
 from compileq.errors import CompileqError, EntryTooLarge
+from compileq.scheduler import boundary, leases
 from compileq.scheduler.local import LocalBuilder
 from compileq.scheduler.progress import progress
 from compileq.scheduler.routing import Router
@@ -99,7 +100,12 @@ class KernelClient:
         self._id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._redis = redis_client(settings.redis_url, settings)
         self._store = RedisStore(self._redis, settings)
-        self._router = Router(self._redis, settings)
+        self._router = Router(self._redis, settings, lambda counts: self._store.count(counts))
+        # An entry sealed with another secret is replaced by our build only while a live
+        # worker proves the cluster shares our secret (see RedisStore.replace_foreign).
+        self._store.replace_foreign = self._router.shares_secret
+        self._store.on_unreachable = self._redis_failed
+        self._told_unserved: set[str] = set()
         self._app = client_app(settings)
         self._lock = threading.Lock()
         self._flights: dict[str, _Flight] = {}
@@ -201,7 +207,9 @@ class KernelClient:
             for f in owners:
                 (remote if self._router.has_worker(f.queue) else unserved).append(f)
             for queue, flight in {f.queue: f for f in unserved}.items():
-                if flight.job.target is not None:
+                # Asked once per queue: the answer reads every worker's record.
+                if flight.job.target is not None and queue not in self._told_unserved:
+                    self._told_unserved.add(queue)
                     warn_once(
                         f"no-worker:{queue}",
                         "compileq: no live worker for queue %s (%s); compiling locally",
@@ -228,6 +236,10 @@ class KernelClient:
             self._build_locally(unserved)
         except redis.RedisError as e:
             self._redis_failed(e)
+            self._build_locally(flights)
+        except Exception as e:  # a bug, or a value from Redis it could not read: stock's way
+            boundary.internal_error("the kernel client", e)
+            self._build_locally(flights)
 
     def _miss_record(self, flight: _Flight) -> dict[str, Any]:
         target = flight.job.target
@@ -249,14 +261,16 @@ class KernelClient:
         lives), a kernel lease is handed on: the worker that builds deletes it. So it is a
         plain fixed lease of one deadline, after which waiters build locally anyway.
         """
-        if not flights:
-            return []
         lease_ms = int(self._settings.deadline_s * 1000)
-        pipe = self._redis.pipeline(transaction=False)
-        for f in flights:
-            pipe.set(keys.lock(f.key), self._id, nx=True, px=lease_ms)
+        taken = leases.take_many(
+            self._redis,
+            [f.key for f in flights],
+            self._id,
+            lease_ms,
+            lambda n: self._store.count({Counter.STALE_LEASES: n}),
+        )
         owned = []
-        for f, took in zip(flights, pipe.execute(), strict=True):
+        for f, took in zip(flights, taken, strict=True):
             f.owner = bool(took)
             if f.owner:
                 owned.append(f)
@@ -269,9 +283,24 @@ class KernelClient:
         # deadline, and the worker then finds the artifact the client built and skips it.
         ttl = self._settings.visibility_timeout_s * 2
         pipe = self._redis.pipeline(transaction=False)
+        too_large: list[_Flight] = []
         for f in flights:
-            pipe.set(keys.job(f.key), self._store.seal(keys.job(f.key), f.job.to_json()), ex=ttl)
+            try:
+                sealed = self._store.seal(keys.job(f.key), f.job.to_json())
+            except EntryTooLarge as e:
+                warn_once("job-too-large", "compileq: %s; building it locally", e)
+                too_large.append(f)
+                continue
+            pipe.set(keys.job(f.key), sealed, ex=ttl)
         pipe.execute()
+        if too_large:
+            self._store.count(
+                {Counter.FALLBACKS: len(too_large)},
+                _per_queue([], [], too_large),
+                [fallback(Reason.SIZE_CAP, len(too_large))],
+            )
+            self._build_locally(too_large)
+            flights = [f for f in flights if f not in too_large]
         sent = []
         try:
             for f in flights:
@@ -350,7 +379,7 @@ class KernelClient:
             return
         try:
             if flight.owner:
-                self._redis.delete(keys.lock(flight.key))
+                leases.release(self._redis, flight.key, self._id)
             events.announce(self._redis, done)
         except redis.RedisError as e:
             self._redis_failed(e)

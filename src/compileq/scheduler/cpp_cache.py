@@ -29,6 +29,7 @@ from compileq.cache.counters import Counter
 from compileq.cache.store import RedisStore
 from compileq.errors import CompileqError
 from compileq.fingerprint import compiler_identity
+from compileq.scheduler import boundary
 
 _store: RedisStore | None = None
 _original: Callable[[str, Sequence[Any]], None] | None = None
@@ -66,28 +67,60 @@ def _write_atomically(path: str, data: bytes) -> None:
         raise
 
 
+#: ``_look_up``'s answer when the object was written from the store: nothing to build.
+_SERVED = ("served", "")
+
+
 def _compile_cpp(lock_path: str, cpp_builders: Sequence[Any]) -> None:
     assert _original is not None
-    store, target = _store, str(cpp_builders[-1].get_target_file_path())
-    if store is None or os.path.exists(target):
-        _original(lock_path, cpp_builders)
-        if store is not None and _built is Counter.CPP_REMOTE_COMPILES:
-            _share_existing(store, target)
+    plan = _look_up(cpp_builders)
+    if plan is _SERVED:
         return
+    _original(lock_path, cpp_builders)  # Inductor's build, under Inductor's own file lock
+    _share(plan)
+
+
+def _not_looked_up(cpp_builders: Sequence[Any]) -> tuple[str, str] | None:
+    return None
+
+
+@boundary.guard("the C++ cache", instead=_not_looked_up)
+def _look_up(cpp_builders: Sequence[Any]) -> tuple[str, str] | None:
+    """Write the object from the store (``_SERVED``), or say what to share once it is built:
+    ``(key, path)`` for a miss, ``("", path)`` for an object already on a worker's disk."""
+    store, target = _store, str(cpp_builders[-1].get_target_file_path())
+    if store is None:
+        return None
+    if os.path.exists(target):
+        return ("", target) if _built is Counter.CPP_REMOTE_COMPILES else None
     key = cpp_key(target)
     try:
         entry = store.get_many([key])[0]
         if entry is not None:
             _write_atomically(target, entry.payload())
             store.count({Counter.CPP_HITS: 1})
-            return
+            return _SERVED
         store.count({Counter.CPP_MISSES: 1})
     except redis.RedisError as e:
         warn_once("cpp-cache", "compileq: C++ kernel cache unavailable (%s); building locally", e)
-        _original(lock_path, cpp_builders)
+        return None
+    return key, target
+
+
+def _not_shared(plan: tuple[str, str] | None) -> None:
+    return None
+
+
+@boundary.guard("the C++ cache", instead=_not_shared)
+def _share(plan: tuple[str, str] | None) -> None:
+    store = _store
+    if plan is None or store is None:
         return
-    _original(lock_path, cpp_builders)  # Inductor's build, under Inductor's own file lock
-    _store_built(store, key, target)
+    key, path = plan
+    if key:
+        _store_built(store, key, path)
+    else:
+        _share_existing(store, path)
 
 
 def _store_built(store: RedisStore, key: str, path: str) -> None:
@@ -201,7 +234,7 @@ def _check_build(isa: Any, code: str) -> bool:
     if ok and store is not None and key is not None and target is not None:
         _store_built(store, key, target)
     if store is not None and verdict is not None:
-        with contextlib.suppress(redis.RedisError, CompileqError):
+        with contextlib.suppress(Exception):  # sharing the verdict only saves others time
             store.put(verdict, b"1" if ok else b"0")
     return ok
 

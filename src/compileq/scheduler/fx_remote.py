@@ -34,7 +34,7 @@ from compileq._log import log, warn_once
 from compileq.cache.counters import Counter, Reason, fallback
 from compileq.errors import CompileqError, EntryTooLarge
 from compileq.fingerprint import FxToolchain, Target, fx_target, local_fx_toolchain
-from compileq.scheduler import import_hooks
+from compileq.scheduler import import_hooks, leases
 from compileq.scheduler.client import KernelClient
 from compileq.tasks import events
 from compileq.tasks.app import COMPILE_FX
@@ -228,15 +228,16 @@ def run_remote(client: KernelClient, job: FxJob, queue: str) -> bytes:
             # GPU index) waits for the first one's build instead of enqueueing its own. The
             # worker drops the lease when it settles; a client that died before enqueueing
             # holds it no longer than a wait would last.
-            lease = int(settings.deadline_s) + 1
-            if store.client.set(keys.lock(key), client.client_id, nx=True, ex=lease):
+            lease_ms = (int(settings.deadline_s) + 1) * 1000
+            stale = lambda n: store.count({Counter.STALE_LEASES: n})  # noqa: E731
+            if leases.take_many(store.client, [key], client.client_id, lease_ms, stale)[0]:
                 ttl = settings.visibility_timeout_s * 2  # as kernel jobs: a job outlives its wait
                 sealed = store.seal(keys.job(key), job.to_bytes())
                 store.client.set(keys.job(key), sealed, ex=ttl)
                 try:
                     client.send_task(COMPILE_FX, key, queue)
                 except Exception as e:  # kombu raises its own OperationalError family
-                    store.client.delete(keys.lock(key))
+                    leases.release(store.client, key, client.client_id)
                     raise Fallback("fx-broker", f"cannot reach the broker ({e})") from e
             return _wait(client, pubsub, key, deadline)
         finally:

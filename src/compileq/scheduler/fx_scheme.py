@@ -16,7 +16,7 @@ from torch._inductor.compile_fx_ext import (
     _WireProtocolPickledOutput,
 )
 
-from compileq.scheduler import fx_key, fx_remote
+from compileq.scheduler import boundary, fx_key, fx_remote
 from compileq.scheduler.fx_remote import Fallback, Route
 from compileq.tasks import device_index, portable
 from compileq.tasks.fx_jobs import FxJob
@@ -28,7 +28,29 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
 
     _route: Route | None = None
     _graph_key: str | None = None
+    #: Set once Inductor's own in-process compile of this graph has begun: an error from
+    #: then on is the graph's, not compileq's (see ``boundary.guard``).
+    _stock_ran: bool = False
 
+    def _in_process(
+        self,
+        gm: Any,
+        example_inputs: Sequence[Any],
+        inputs_to_check: Sequence[int],
+        graph_kwargs: Any,
+    ) -> Any:
+        """What stock runs in its default mode, with the region name stock would give it."""
+        from torch._inductor.compile_fx import _InProcessFxCompile
+
+        self._stock_ran = True
+        local = _InProcessFxCompile()
+        if hasattr(self, "compile_region_name"):  # set by 2.13's fx_codegen_and_compile
+            local.compile_region_name = self.compile_region_name
+        return local.codegen_and_compile(gm, example_inputs, inputs_to_check, graph_kwargs)
+
+    @boundary.guard(
+        "FX codegen", instead=_in_process, genuine=lambda self, *_, **__: self._stock_ran
+    )
     def codegen_and_compile(
         self,
         gm: Any,
@@ -37,6 +59,7 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
         graph_kwargs: Any,
     ) -> Any:
         fx_remote.mark_remote(False)
+        self._stock_ran = False
         try:
             route = self._route = fx_remote.choose_route(gm, example_inputs)
             self._graph_key = fx_key.graph_key(
@@ -48,17 +71,6 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
             # for the worker): compiling it here now is the same compile stock would run.
             fx_remote.fell_back(e)
         return self._in_process(gm, example_inputs, inputs_to_check, graph_kwargs)
-
-    def _in_process(
-        self, gm: Any, example_inputs: Sequence[Any], inputs_to_check: Sequence[int], kwargs: Any
-    ) -> Any:
-        """What stock runs in its default mode, with the region name stock would give it."""
-        from torch._inductor.compile_fx import _InProcessFxCompile
-
-        local = _InProcessFxCompile()
-        if hasattr(self, "compile_region_name"):  # set by 2.13's fx_codegen_and_compile
-            local.compile_region_name = self.compile_region_name
-        return local.codegen_and_compile(gm, example_inputs, inputs_to_check, kwargs)
 
     def serialize_compile(
         self,
@@ -73,6 +85,7 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
                 gm, example_inputs, inputs_to_check, graph_kwargs
             )
         if serialized is None:  # the base class now compiles in process, exactly as stock
+            self._stock_ran = True
             fx_remote.fell_back(
                 Fallback(
                     "fx-unserializable",

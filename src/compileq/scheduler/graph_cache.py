@@ -9,9 +9,11 @@ namespaced (``compileq:a:<kind>:<sha256>``) and counted like kernels, with no
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import socket
+import sys
 import time
 from typing import Any, ClassVar
 
@@ -25,6 +27,7 @@ from compileq.cache.counters import Counter, Reason, fallback
 from compileq.cache.store import Entry, RedisStore
 from compileq.errors import CompileqError
 from compileq.fingerprint import host_identity
+from compileq.scheduler import boundary, import_hooks
 from compileq.scheduler.leases import Leases
 from compileq.scheduler.progress import progress
 
@@ -50,10 +53,20 @@ class _StoreBackend(RemoteCacheBackend[bytes]):  # type: ignore[misc]
     def _key(self, key: str) -> str:
         return keys.artifact(self.kind, hashlib.sha256(key.encode()).hexdigest())
 
+    def _miss(self, key: str) -> bytes | None:
+        return None
+
+    def _skip(self, key: str, data: bytes) -> None:
+        return None
+
+    @boundary.guard("the graph cache", instead=_miss)
     def _get(self, key: str) -> bytes | None:
         if _store is None:
             return None
         name = self._key(key)
+        if self.single_flight and _wrapped is None and _COMPILE_FX in sys.modules:
+            # compileq installed while compile_fx was loading: wrap it now that it has.
+            _release_leases_after_each_compile(sys.modules[_COMPILE_FX])
         if self.shows_progress:
             progress.start()
         try:
@@ -96,6 +109,7 @@ class _StoreBackend(RemoteCacheBackend[bytes]):  # type: ignore[misc]
     def _put_counter(self) -> Counter | None:
         return self.on_put
 
+    @boundary.guard("the graph cache", instead=_skip)
     def _put(self, key: str, data: bytes) -> None:
         if _store is None:
             return
@@ -183,7 +197,12 @@ def enable(store: RedisStore, deadline_s: float) -> None:
 
     global _store, _leases, _deadline_s
     _store, _deadline_s = store, deadline_s
-    _leases = Leases(store.client, max_hold_s=deadline_s)
+    _leases = Leases(
+        store.client,
+        max_hold_s=deadline_s,
+        on_stale=lambda n: store.count({Counter.STALE_LEASES: n}),
+    )
+    import_hooks.after_import(_COMPILE_FX, _release_leases_after_each_compile)
     for name, backend in _OVERRIDES.items():
         cls = getattr(remote_cache, name, None)
         if cls is not None:
@@ -203,12 +222,38 @@ def enable(store: RedisStore, deadline_s: float) -> None:
             setattr(module, attr, True)
 
 
+_COMPILE_FX = "torch._inductor.compile_fx"
+_wrapped: tuple[Any, Any] | None = None  # (compile_fx module, its own _compile_fx_inner)
+
+
+def _release_leases_after_each_compile(module: Any) -> None:
+    """Wrap ``compile_fx._compile_fx_inner`` (looked up at each call by ``compile_fx_inner``):
+    the graph leases a compile takes are released when it ends, however it ends. Only the
+    FX-graph cache's put releases them otherwise, and Inductor skips the put when the compile
+    raises or the graph is not cacheable; waiters then waited out the deadline."""
+    global _wrapped
+    original = getattr(module, "_compile_fx_inner", None)
+    if _wrapped is not None or original is None:  # done, or compile_fx is still loading
+        return
+
+    @functools.wraps(original)
+    def compile_and_release(*args: Any, **kwargs: Any) -> Any:
+        leases = _leases
+        if leases is None:
+            return original(*args, **kwargs)
+        with leases.released_after():
+            return original(*args, **kwargs)
+
+    module._compile_fx_inner = compile_and_release
+    _wrapped = (module, original)
+
+
 def disable() -> None:
     import importlib
 
     from torch._inductor import remote_cache
 
-    global _store, _leases
+    global _store, _leases, _wrapped
     for (scope, name), value in _saved.items():
         if scope == "override":
             getattr(remote_cache, name).backend_override_cls = value
@@ -216,3 +261,7 @@ def disable() -> None:
             setattr(importlib.import_module(scope), name, value)
     _saved.clear()
     _store = _leases = None
+    if _wrapped is not None:
+        module, original = _wrapped
+        module._compile_fx_inner = original
+        _wrapped = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 from collections.abc import Callable
@@ -12,7 +13,7 @@ from compileq._log import log, warn_once
 from compileq.cache.counters import Counter
 from compileq.config import Settings, get_settings
 from compileq.errors import ConfigError
-from compileq.scheduler import fx_remote
+from compileq.scheduler import boundary, fx_remote
 from compileq.scheduler.client import KernelClient
 from compileq.scheduler.local import LocalBuilder
 from compileq.scheduler.pool import CompileqPool
@@ -29,6 +30,19 @@ _installed: _Installed | None = None
 _lock = threading.Lock()
 
 
+def _stay_off(
+    settings: Settings | None = None,
+    *,
+    fx: bool | None = None,
+    on_worker: Callable[[], bool] | None = None,
+) -> bool:
+    """What install() does when it cannot finish: undo what it did, and leave stock alone."""
+    with contextlib.suppress(Exception):
+        uninstall()
+    return False
+
+
+@boundary.guard("install()", instead=_stay_off)
 def install(
     settings: Settings | None = None,
     *,
@@ -42,12 +56,16 @@ def install(
     while ``on_worker()`` says a sibling pool process is free (see ``KernelClient``), else
     built in place and stored; either way they count as remote builds.
 
-    Never raises for a missing cluster: without a secret compileq stays off (and says so);
-    without Redis or workers it builds locally. Safe to call twice; a second call finishes
+    Never raises: with a missing secret or a bad setting compileq stays off and says why,
+    once; without Redis or workers it builds locally. Safe to call twice; a second call finishes
     the FX hook if the first came while ``compile_fx`` was still loading.
     """
     global _installed
-    settings = settings or get_settings()
+    try:
+        settings = settings or get_settings()
+    except (ConfigError, ValueError) as e:  # pydantic's ValidationError is a ValueError
+        warn_once("config", "compileq: not installed: %s", _one_line(e))
+        return False
     if not settings.enabled:
         return False
     want_fx = settings.fx if fx is None else fx
@@ -67,12 +85,15 @@ def install(
             warn_once("config", "compileq: not installed: %s", e)
             return False
         pool = CompileqPool(client, stock)
+        boundary.count_with(lambda counts, records: client.store.count(counts, None, records))
 
         @functools.lru_cache(1)  # Inductor calls process_pool.cache_clear() after a fork
         def process_pool() -> CompileqPool:
             return pool
 
         AsyncCompile.process_pool = staticmethod(process_pool)  # type: ignore[method-assign,assignment]
+        # Recorded at once, so that uninstall() can undo a partial install (boundary.guard).
+        _installed = _Installed(original, pool, False)
         if settings.graph_cache:
             from compileq.scheduler import cpp_cache, graph_cache
 
@@ -88,7 +109,7 @@ def install(
         # here, so allow the parallel path even on a one-core client.
         if get_compile_threads() <= 1:
             config.compile_threads = 2
-        _installed = _Installed(original, pool, want_fx and on_worker is None)
+        _installed.fx = want_fx and on_worker is None
     log.info("compileq: installed (redis %s%s)", settings.redis_display, ", FX" if want_fx else "")
     return True
 
@@ -110,6 +131,10 @@ def uninstall() -> None:
         AsyncCompile._ready_future = None
         _installed.pool.shutdown()
         _installed = None
+
+
+def _one_line(error: Exception) -> str:
+    return " ".join(str(error).split())[:300]
 
 
 def installed_pool() -> CompileqPool | None:

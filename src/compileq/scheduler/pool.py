@@ -9,6 +9,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from compileq.scheduler import boundary
 from compileq.scheduler.client import Built, KernelClient
 from compileq.scheduler.inductor import recognise
 from compileq.tasks import device_index
@@ -26,6 +27,11 @@ class CompileqPool:
         self.client = client
         self._stock_pool = stock_pool
 
+    def _stock(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = self._stock_pool().submit(fn, *args, **kwargs)
+        return future
+
+    @boundary.guard("the Triton pool", instead=_stock)
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         from torch._inductor.async_compile import AsyncCompile
 
@@ -36,15 +42,17 @@ class CompileqPool:
             return ready
         recognised = recognise(fn, args, kwargs)
         if recognised is None:
-            stock: Future[Any] = self._stock_pool().submit(fn, *args, **kwargs)
-            return stock
+            return self._stock(fn, *args, **kwargs)
         job, extra_env = recognised
         # Keyed and built as for cuda:0, so every rank of a node shares one build; loaded on
         # this kernel's own GPU (see tasks/device_index.py).
         index = device_index.kernel_index(job.source)
         if index:
             job = dataclasses.replace(job, source=device_index.normalise_kernel(job.source))
-        return _then(self.client.submit(job, extra_env), functools.partial(_unpickle, index))
+        built = _then(self.client.submit(job, extra_env), functools.partial(_unpickle, index))
+        return boundary.or_else(
+            "a Triton build", built, functools.partial(self._stock, fn, *args, **kwargs)
+        )
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         self.client.close()

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import redis
 
+from compileq._log import warn_once
+from compileq.cache.counters import Counter
 from compileq.config import Settings
 from compileq.fingerprint import FxToolchain, Target, Toolchain, differences, local_toolchain
 from compileq.tasks import liveness
@@ -19,12 +22,23 @@ _LIVENESS_CACHE_S = 2.0
 
 
 class Router:
-    def __init__(self, client: redis.Redis, settings: Settings) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        settings: Settings,
+        count: Callable[[dict[Counter, int]], None] = lambda _: None,
+    ) -> None:
+        """``count``: where rejected worker records are counted (the store's telemetry)."""
         self._client = client
         self._ttl = settings.heartbeat_ttl_s
         self._toolchains: dict[Target, Toolchain] = {}
+        # No secret (doctor may run without one): then no heartbeat verifies, no worker is live.
+        self._secret = settings.secret.get_secret_value().encode() if settings.secret else b""
         self._live: dict[str, tuple[float, bool]] = {}
+        self._verified_at = -float("inf")
+        self._rejected: set[str] = set()  # records already counted, so a ghost counts once
         self._lock = threading.Lock()
+        self._count = count
 
     def toolchain(self, target: Target) -> Toolchain:
         with self._lock:
@@ -52,27 +66,61 @@ class Router:
         seen = []
         infos = liveness.workers_info(self._client)
         for info in infos:
-            theirs = info.get(field, {}).get(target)
+            served = info.get(field)
+            theirs = served.get(target) if isinstance(served, dict) else None
             if not isinstance(theirs, dict):
                 continue
             diffs = [
                 f"{name} (worker {theirs.get(name)!r}, here {mine.get(name)!r})"
                 for name in differences(mine, theirs)
             ]
-            seen.append(f"{info.get('host')}/{info.get('name')} differs in " + "; ".join(diffs))
+            # repr: a host or name read from Redis must not forge a line of the client's log.
+            who = f"{info.get('host')!r}/{info.get('name')!r}"
+            seen.append(f"{who} differs in " + "; ".join(diffs))
         if not seen:
             # Say what the live workers do serve: for FX, a target that differs only in the
             # CPU's vector ISAs is the usual reason, and it shows in the target's name.
-            others = sorted({t for info in infos for t in info.get(field, {})})
-            served = f"; live workers build for {', '.join(others[:5])}" if others else ""
-            return f"no live worker builds for {target}{served}"
+            others = sorted(
+                {
+                    repr(t)
+                    for info in infos
+                    if isinstance(info.get(field), dict)
+                    for t in info[field]
+                }
+            )
+            served_here = f"; live workers build for {', '.join(others[:5])}" if others else ""
+            return f"no live worker builds for {target}{served_here}"
         return " | ".join(seen[:3])
 
     def has_worker(self, queue: str) -> bool:
+        """Whether a worker whose heartbeat verifies (see tasks/liveness.py) serves ``queue``."""
         now = time.monotonic()
         cached = self._live.get(queue)
         if cached and now - cached[0] < _LIVENESS_CACHE_S:
             return cached[1]
-        live = liveness.live_count(self._client, queue, self._ttl) > 0
+        live = self.live_count(queue) > 0
         self._live[queue] = (now, live)
         return live
+
+    def live_count(self, queue: str) -> int:
+        """How many workers whose heartbeat verifies serve ``queue`` (asked of Redis now)."""
+        found = liveness.census(self._client, queue, self._ttl, self._secret)
+        fresh = [r for r in found.rejected if r not in self._rejected]
+        if fresh:
+            self._rejected.update(fresh)
+            warn_once(
+                "bad-heartbeat",
+                "compileq: ignoring %d worker records in Redis that are unsigned, stale or "
+                "malformed (ids %s)",
+                len(fresh),
+                ", ".join(repr(r) for r in fresh[:3]),
+            )
+            self._count({Counter.REJECTED_RECORDS: len(fresh)})
+        if found.live:
+            self._verified_at = time.monotonic()
+        return len(found.live)
+
+    def shares_secret(self) -> bool:
+        """Whether a live worker proved this process's secret lately: the cluster agrees with
+        us, so an entry sealed with another secret is stale (a rotation), not the truth."""
+        return time.monotonic() - self._verified_at < 4 * self._ttl

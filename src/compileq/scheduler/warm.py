@@ -32,21 +32,38 @@ class WarmReport:
         return dict(self.__dict__)
 
 
+def _manifest_row(path: Path, number: int, raw: bytes) -> object:
+    """One manifest line's JSON value; :class:`ManifestError` naming the line if it has none."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ManifestError(
+            f"{path}:{number}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})"
+        ) from None
+    try:
+        return json.loads(line)
+    except RecursionError:
+        # json.loads recurses once per nesting level: '[' * 100000 blows the stack.
+        raise ManifestError(f"{path}:{number}: not JSON (nested too deeply)") from None
+    except ValueError as e:
+        raise ManifestError(f"{path}:{number}: not JSON ({e})") from None
+
+
 def read_manifest(path: Path) -> list[TritonJob]:
     """Jobs from a JSONL file whose lines hold at least ``name`` and ``source``."""
     try:
-        lines = path.read_text().splitlines()
+        # Bytes, split on line ends only: each line is decoded alone, so a bad byte is
+        # reported with its line, and str.splitlines would also split inside a JSON string at
+        # U+2028 and the like, which JSON allows unescaped.
+        lines = path.read_bytes().splitlines()
     except OSError as e:
         raise ManifestError(f"cannot read manifest {path}: {e}") from e
     config = inductor_extra_config()
     jobs = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
+    for number, raw in enumerate(lines, 1):
+        if not raw.strip():
             continue
-        try:
-            row = json.loads(line)
-        except ValueError as e:
-            raise ManifestError(f"{path}:{number}: not JSON ({e})") from e
+        row = _manifest_row(path, number, raw)
         if (
             not isinstance(row, dict)
             or not isinstance(row.get("name"), str)

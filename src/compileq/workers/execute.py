@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import cast
 
 import redis
 
@@ -113,9 +112,12 @@ def execute_compile_triton(key: object) -> str:
 def open_job(ctx: WorkerContext, key: str) -> bytes:
     """The verified bytes of the job stored for ``key`` (any kind); counted and refused if its
     signature fails, since building it means running what it contains."""
-    raw = cast("bytes | None", ctx.store.client.get(keys.job(key)))
+    raw = ctx.store.read_bounded([keys.job(key)])[0]
     if raw is None:
         raise CompileqError("job spec missing (expired, or never written by a client)")
+    if isinstance(raw, int):  # never read: a client's jobs are sealed under the cap
+        ctx.store.count({Counter.INTEGRITY_FAILURES: 1})
+        raise CompileqError("job spec rejected: over the size cap, or not a string")
     try:
         return open_sealed(
             ctx.settings.secret_bytes(), keys.job(key), raw, ctx.settings.max_entry_bytes

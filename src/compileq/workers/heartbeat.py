@@ -36,7 +36,14 @@ class Heartbeat:
 
     def beat(self) -> None:
         try:
-            liveness.beat(self._client, self.worker_id, self._queues, self._ttl, self._fresh_info())
+            liveness.beat(
+                self._client,
+                self.worker_id,
+                self._queues,
+                self._ttl,
+                self._fresh_info(),
+                self._secret,
+            )
         except redis.RedisError as e:
             warn_once("heartbeat", "compileq worker: heartbeat to Redis failed (%s); retrying", e)
 

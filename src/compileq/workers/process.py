@@ -87,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     queues = [triton_queue(toolchains[t], t) for t in targets]
     client = redis_client(settings.redis_url, settings)
     store = RedisStore(client, settings)
+    # A worker builds only jobs signed with its secret: the cluster shares it, so an entry
+    # sealed with another one is stale (a rotation) or planted, and its build replaces it.
+    store.replace_foreign = lambda: True
     if settings.graph_cache:
         from compileq.cache.counters import Counter
         from compileq.scheduler import cpp_cache

@@ -1,0 +1,193 @@
+"""Bad input to the ``compileq`` CLI: one ``compileq: error:`` line on stderr and exit 2, never a
+traceback or a password; and values read from Redis printed escaped, never raw.
+
+Real processes, nothing mocked: each case runs the CLI as a subprocess with a minimal
+environment, and the escaping case reads a worker record from a private redis-server.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from compileq._text import printable
+from compileq.config import Settings, load_settings
+from compileq.errors import ConfigError
+from compileq.localstack import RedisServer, free_port
+from compileq.tasks import liveness
+from tests.conftest import FIXTURES, SECRET, compileq_cmd
+from tests.reliability import Recorder
+
+#: A password that must never reach the output, whatever the case.
+PASSWORD = "pw-never-shown-7f3a"
+#: Control characters a value in Redis could use to forge a line or drive the terminal.
+FORGERY = "\nok    workers        FORGED\x1b[31m\x1b]0;title\x07\r"
+
+
+def cli(tmp: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``compileq ARGS`` with only PATH, HOME and the secret set, plus ``env``."""
+    base = {"PATH": os.environ["PATH"], "HOME": str(tmp), "COMPILEQ_SECRET": SECRET}
+    return subprocess.run(
+        compileq_cmd(*args),
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def error_line(proc: subprocess.CompletedProcess[str]) -> str:
+    """The one line a bad input prints, after checking the rule every bad input follows."""
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 2, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    assert "errors.pydantic.dev" not in output  # pydantic's "further information" noise
+    assert PASSWORD not in output
+    assert proc.stderr.strip().startswith("compileq: error: "), proc.stderr[-3000:]
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-3000:]
+    return proc.stderr.strip()
+
+
+@pytest.mark.parametrize(
+    "variable, value, expected",
+    [
+        ("COMPILEQ_DEADLINE_S", "abc", "expected a number greater than 0"),
+        ("COMPILEQ_MAX_ENTRY_BYTES", "-1", "expected a whole number greater than 0"),
+        ("COMPILEQ_ENABLED", "maybe", "expected a boolean"),
+        ("COMPILEQ_REDIS_URL", "redis://host:notaport/0", "port is a number from 0 to 65535"),
+    ],
+)
+def test_a_wrong_typed_setting_is_one_line_naming_the_variable_and_exit_2(
+    tmp_path: Path, variable: str, value: str, expected: str, reliability: Recorder
+) -> None:
+    line = error_line(cli(tmp_path, "stats", **{variable: value}))
+    assert f"{variable}=" in line and "is not valid" in line and expected in line, line
+    reliability.record(
+        "CLI: a wrong-typed or malformed COMPILEQ_* value",
+        "one 'compileq: error:' line naming the variable, exit 2, no traceback",
+        f"{variable}={value!r}: exit 2, {line!r}",
+        0,
+        attacker="none (a setting)",
+    )
+
+
+def test_a_port_out_of_range_given_as_an_argument_is_named_as_that_argument(
+    tmp_path: Path,
+) -> None:
+    line = error_line(cli(tmp_path, "stats", "--redis-url", "redis://127.0.0.1:99999/0"))
+    assert "--redis-url=" in line and "port is a number from 0 to 65535" in line, line
+    assert "COMPILEQ_REDIS_URL" not in line  # the environment did not set it
+
+
+def test_a_url_of_another_scheme_is_refused_without_its_password_or_pydantic_noise(
+    tmp_path: Path, reliability: Recorder
+) -> None:
+    url = f"http://user:{PASSWORD}@host/0"
+    line = error_line(cli(tmp_path, "stats", COMPILEQ_REDIS_URL=url))
+    assert "COMPILEQ_REDIS_URL='http://user:***@host/0'" in line, line
+    assert "expected a redis://, rediss:// or unix:// URL" in line
+    reliability.record(
+        "CLI: a Redis URL of another scheme, with a password in it",
+        "one line, exit 2, the password replaced by ***",
+        f"exit 2, {line!r}",
+        0,
+        attacker="none (a setting)",
+    )
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["stats"], ["explain", "--last-misses"], ["explain", "0123456789abcdef0123"]],
+    ids=["stats", "explain-misses", "explain-key"],
+)
+def test_a_redis_nobody_listens_on_is_named_redacted_and_exit_2(
+    tmp_path: Path, args: list[str], reliability: Recorder
+) -> None:
+    port = free_port()  # bound then released: nobody listens there now
+    url = f"redis://user:{PASSWORD}@127.0.0.1:{port}/0"
+    line = error_line(cli(tmp_path, *args, COMPILEQ_REDIS_URL=url))
+    assert f"Redis at redis://user:***@127.0.0.1:{port}/0 cannot be reached" in line, line
+    reliability.record(
+        "CLI: stats and explain with Redis down",
+        "one line naming the redacted URL, exit 2, no traceback",
+        f"compileq {' '.join(args)}: exit 2, {line!r}",
+        0,
+    )
+
+
+@pytest.mark.parametrize(
+    "bad, expected",
+    [(b'{"name": "\xff\xfe"}', "not UTF-8"), (b"[" * 100_000, "not JSON (nested too deeply)")],
+    ids=["not-utf8", "nested-100000-deep"],
+)
+def test_a_manifest_line_that_cannot_be_read_is_named_by_file_and_line(
+    tmp_path: Path, bad: bytes, expected: str, reliability: Recorder
+) -> None:
+    # A good kernel first and a blank line: the number must count every line of the file.
+    good = (FIXTURES / "gpt_head.jsonl").read_bytes().splitlines()[0]
+    manifest = tmp_path / "kernels.jsonl"
+    manifest.write_bytes(good + b"\n\n" + bad + b"\n")
+    line = error_line(cli(tmp_path, "warm", str(manifest)))
+    assert f"{manifest}:3: {expected}" in line, line
+    reliability.record(
+        "CLI: a manifest line that is not UTF-8, or JSON nested 100,000 deep",
+        "one line naming file and line, exit 2, no traceback",
+        f"exit 2, ...{line[-60:]!r}",
+        0,
+        attacker="write access to the manifest",
+    )
+
+
+@pytest.mark.parametrize("command", [["stats"], ["doctor", "--arch", "sm_90"]])
+def test_worker_values_read_from_redis_are_printed_escaped_in_text_mode(
+    redis_server: RedisServer, tmp_path: Path, command: list[str], reliability: Recorder
+) -> None:
+    db = 13  # its own database: the session's Redis is shared with other tests' workers
+    client = redis_server.client(db)
+    client.flushdb()
+    worker_id = f"w1{FORGERY}"
+    queue = f"compileq.triton.q{FORGERY}"
+    info = {"id": worker_id, "host": f"host{FORGERY}", "queues": [queue], "concurrency": 1}
+    # The same writes a worker's heartbeat makes, under compileq:worker:<id>; unsigned, as
+    # anybody who can write to Redis could make them.
+    liveness.beat(client, worker_id, [queue], 60.0, info)
+    proc = cli(tmp_path, *command, COMPILEQ_REDIS_URL=redis_server.url(db))
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]  # doctor fails the forged worker
+    assert "Traceback" not in proc.stderr
+    assert "w1\\x0aok    workers        FORGED\\x1b[31m" in proc.stdout, proc.stdout
+    for raw in ("\x1b", "\x07", "\r"):
+        assert raw not in proc.stdout
+    assert not any(
+        line.startswith("ok    workers        FORGED") for line in proc.stdout.splitlines()
+    )
+    reliability.record(
+        "a worker record in Redis with newlines and terminal escapes in its id and host",
+        "printed escaped by stats and doctor: no forged line, no escape reaches the terminal",
+        f"compileq {command[0]}: exit {proc.returncode}, printed as 'w1\\x0aok ... "
+        f"FORGED\\x1b[31m...', no raw control character",
+        0,
+        attacker="write access to Redis",
+    )
+
+
+def test_load_settings_gives_non_cli_callers_the_same_one_line_error() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(deadline_s="abc", redis_url=f"http://u:{PASSWORD}@h/0")
+    message = str(caught.value)
+    assert "\n" not in message and PASSWORD not in message
+    assert "deadline_s='abc' is not valid: expected a number greater than 0" in message
+    assert "redis_url='http://u:***@h/0' is not valid" in message
+    # Settings built directly still raise pydantic's error, but it no longer quotes the URL.
+    with pytest.raises(ValueError) as direct:
+        Settings(redis_url=f"http://u:{PASSWORD}@h/0")
+    assert PASSWORD not in str(direct.value)
+
+
+def test_printable_escapes_control_characters_and_cuts_long_values() -> None:
+    assert printable("plain host-1") == "plain host-1"
+    assert printable("a\nb\x1b[31m\u2028\u202e") == "a\\x0ab\\x1b[31m\\u2028\\u202e"
+    cut = printable("x" * 300 + "\n", limit=10)
+    assert cut == "x" * 10 + "...[291 more chars]"
