@@ -55,6 +55,10 @@ def _real_queues(client: redis.Redis) -> list[str]:
     return [k[len(prefix) :].decode() for k in client.scan_iter(match=keys.WORKERS + "*")]
 
 
+def _scans(client: redis.Redis) -> int:
+    return int(client.info("commandstats").get("cmdstat_scan", {}).get("calls", 0))
+
+
 @pytest.fixture
 def lonely(redis_server: RedisServer, session_home: Path) -> tuple[Env, redis.Redis]:
     client = redis_server.client(_LONELY_DB)
@@ -86,9 +90,13 @@ def test_forged_worker_records_are_skipped_counted_and_never_fail_a_compile(
         db.zadd(keys.workers(queue), {"x": now, "ghost": now + 100 * 365 * 86400})
 
     n = len(manifest_rows(GPT))
+    scans = _scans(db)
     started = time.monotonic()
     report = warm_json(env, GPT, tmp_path / "warm", COMPILEQ_DEADLINE_S=str(_DEADLINE_S))
     warm_s = time.monotonic() - started
+    # Misses with nobody live read the workers' records from the registry, never by a SCAN
+    # of the whole keyspace (the server's count covers every client of every database).
+    assert _scans(db) == scans
     # Nobody is live: built here at once, not after waiting for a ghost to build them.
     assert (report["local"], report["remote"], report["failed"]) == (n, 0, 0)
     assert warm_s < _DEADLINE_S / 3
@@ -154,7 +162,7 @@ def test_an_oversized_kernel_job_builds_locally_and_is_counted_under_the_size_ca
     )
 
 
-def test_entries_with_a_rewritten_key_id_or_an_old_secret_are_rebuilt_once_then_hit(
+def test_bad_entries_of_every_kind_are_rebuilt_once_then_hit(
     env: Env,
     worker: Worker,
     clean_cache: redis.Redis,
@@ -166,16 +174,19 @@ def test_entries_with_a_rewritten_key_id_or_an_old_secret_are_rebuilt_once_then_
     warm_json(env, GPT, tmp_path / "fill")
     victims = _kernel_keys(clean_cache)
     assert len(victims) == n
-    # Half: 8 bytes rewritten where the key id sits (the entry then reads as another
-    # secret's). Half: sealed with the secret used before a key rotation.
+    # One each: 8 bytes rewritten where the key id sits (it then reads as another secret's);
+    # sealed with the secret used before a key rotation; a value over the size cap (never
+    # transferred: read as its length); a value of another Redis type.
     old = RedisStore(clean_cache, settings.model_copy(update={"secret": SecretStr("old")}))
     ours = RedisStore(clean_cache, settings)
-    for i, key in enumerate(victims):
-        blob = clean_cache.get(key) or b""
-        if i % 2 == 0:
-            clean_cache.set(key, blob[:3] + os.urandom(8) + blob[11:])
-        else:
-            clean_cache.set(key, old.seal(key.decode(), ours.get(key.decode()) or b""))
+    assert n == 4
+    rewritten, rotated, oversized, other_type = victims
+    blob = clean_cache.get(rewritten) or b""
+    clean_cache.set(rewritten, blob[:3] + os.urandom(8) + blob[11:])
+    clean_cache.set(rotated, old.seal(rotated.decode(), ours.get(rotated.decode()) or b""))
+    clean_cache.set(oversized, b"\0" * (settings.max_entry_bytes + 1))
+    clean_cache.delete(other_type)
+    clean_cache.hset(other_type, "not", "an entry")
 
     rebuilt = warm_json(env, GPT, tmp_path / "rebuild")
     after = warm_json(env, GPT, tmp_path / "after")
@@ -185,20 +196,18 @@ def test_entries_with_a_rewritten_key_id_or_an_old_secret_are_rebuilt_once_then_
     assert counters["replaced_entries"] == n
     assert (after["hits"], after["failed"]) == (n, 0)
     assert all(e is not None for e in ours.get_many([k.decode() for k in victims]))
-    for fault, attacker in (
-        ("cache entries whose 8-byte key id was rewritten", "write access to Redis"),
-        ("key rotation: the whole cache sealed with the previous secret", "none (operations)"),
-    ):
-        reliability.record(
-            fault,
-            "each entry a miss, rebuilt once; the verified build replaces it (compare-and-set "
-            "on the bad value), so the next client hits",
-            f"{n} kernels (half of each kind): rebuilt {rebuilt['remote']} remotely, "
-            f"{rebuilt['local']} locally, {rebuilt['failed']} failed; replaced_entries="
-            f"{counters['replaced_entries']}; next client {after['hits']}/{n} hits",
-            rebuilt["failed"] + after["failed"],
-            attacker=attacker,
-        )
+    reliability.record(
+        "entries with a rewritten key id, sealed with a rotated-out secret, over the size "
+        "cap (64 MiB + 1), and of another Redis type (one each)",
+        "each a miss (the oversized one never transferred), rebuilt once; the verified build "
+        "replaces it (compare-and-set on the bad value), so the next client hits; key "
+        "rotation is the second case for the whole cache",
+        f"{n} kernels: rebuilt {rebuilt['remote']} remotely, {rebuilt['local']} locally, "
+        f"{rebuilt['failed']} failed; replaced_entries={counters['replaced_entries']}; next "
+        f"client {after['hits']}/{n} hits",
+        rebuilt["failed"] + after["failed"],
+        attacker="write access to Redis (none for a rotation)",
+    )
 
 
 def test_a_counter_key_of_the_wrong_type_turns_no_hit_into_a_miss_and_is_repaired(

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import redis
 
 from compileq import keys
+from compileq._text import printable
 
 
 @dataclass(frozen=True)
@@ -23,9 +24,20 @@ def announce(client: redis.Redis, done: Done) -> None:
     )
 
 
+#: Announcements are a key and a short error: anything longer was not published by compileq.
+_MAX_BYTES = 64 * 1024
+
+
 def parse(data: bytes | str) -> Done | None:
+    """An announcement, or None for anything else on the channel (anybody may publish).
+    The error is escaped here: clients log it, and it must not forge a line of their log."""
+    if len(data) > _MAX_BYTES:
+        return None
     try:
         obj = json.loads(data)
-        return Done(str(obj["key"]), bool(obj["ok"]), obj.get("error"))
-    except (ValueError, KeyError, TypeError):
+        key, ok, error = obj["key"], obj["ok"], obj.get("error")
+    except (ValueError, KeyError, TypeError, RecursionError):
         return None
+    if not isinstance(key, str) or not isinstance(ok, bool):
+        return None
+    return Done(key, ok, None if error is None else printable(str(error), 500))
