@@ -76,7 +76,10 @@ class Router:
             ]
             # repr: a host or name read from Redis must not forge a line of the client's log.
             who = f"{info.get('host')!r}/{info.get('name')!r}"
-            seen.append(f"{who} differs in " + "; ".join(diffs))
+            if diffs:
+                seen.append(f"{who} differs in " + "; ".join(diffs))
+            else:  # same toolchain, so not live for us: its heartbeat did not verify
+                seen.append(f"{who} has this toolchain but its heartbeat does not verify")
         if not seen:
             # Say what the live workers do serve: for FX, a target that differs only in the
             # CPU's vector ISAs is the usual reason, and it shows in the target's name.
@@ -106,6 +109,16 @@ class Router:
         """How many workers whose heartbeat verifies serve ``queue`` (asked of Redis now)."""
         found = liveness.census(self._client, queue, self._ttl, self._secret)
         fresh = [r for r in found.rejected if r not in self._rejected]
+        if found.foreign:
+            warn_once(
+                f"foreign-heartbeat:{queue}",
+                "compileq: %d workers of queue %s do not sign their heartbeats with this "
+                "COMPILEQ_SECRET (started with another secret, or forged; ids %s): not "
+                "sending them builds, which they would refuse",
+                len(found.foreign),
+                queue,
+                ", ".join(repr(r) for r in found.foreign[:3]),
+            )
         if fresh:
             self._rejected.update(fresh)
             warn_once(

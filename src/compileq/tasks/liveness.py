@@ -101,14 +101,19 @@ def parse(raw: bytes | str | None) -> dict[str, Any] | None:
     return info
 
 
+def fresh(info: dict[str, Any], now: float, ttl_s: float) -> bool:
+    """Signed (by someone) with a beat time within ``ttl_s`` of Redis's ``now``."""
+    sig, beat_time = info.get("sig"), info.get("beat_time")
+    return (
+        isinstance(sig, str)
+        and isinstance(beat_time, (int, float))
+        and abs(now - float(beat_time)) <= ttl_s
+    )
+
+
 def verified(secret: bytes, info: dict[str, Any], now: float, ttl_s: float) -> bool:
     """Signed with ``secret``, and beat within ``ttl_s`` of Redis's ``now``."""
-    sig, beat_time = info.get("sig"), info.get("beat_time")
-    if not isinstance(sig, str) or not isinstance(beat_time, (int, float)):
-        return False
-    if not abs(now - float(beat_time)) <= ttl_s:
-        return False
-    return hmac.compare_digest(_tag(secret, info), sig)
+    return fresh(info, now, ttl_s) and hmac.compare_digest(_tag(secret, info), info["sig"])
 
 
 def beat(
@@ -149,6 +154,9 @@ class Census:
 
     live: list[dict[str, Any]] = field(default_factory=list)
     rejected: list[str] = field(default_factory=list)  # ids (or "?") of records that failed
+    #: Of ``rejected``: fresh, well-formed and signed, but not with this secret (a worker
+    #: started with another COMPILEQ_SECRET, or a forgery): named apart, the usual mistake.
+    foreign: list[str] = field(default_factory=list)
 
 
 def census(client: redis.Redis, queue: str, ttl_s: float, secret: bytes) -> Census:
@@ -167,8 +175,10 @@ def census(client: redis.Redis, queue: str, ttl_s: float, secret: bytes) -> Cens
         info = parse(record)
         if info is not None and queue in info["queues"] and verified(secret, info, now, ttl_s):
             out.live.append(info)
-        else:
-            out.rejected.append(str(info["id"]) if info is not None else "?")
+            continue
+        out.rejected.append(str(info["id"]) if info is not None else "?")
+        if info is not None and queue in info["queues"] and fresh(info, now, ttl_s):
+            out.foreign.append(str(info["id"]))
     return out
 
 
