@@ -175,3 +175,53 @@ def test_slurm_scripts_set_the_compose_settings_and_require_the_secret() -> None
     assert "${COMPILEQ_SECRET:?" in env_sh
     for script in SLURM.glob("*.sbatch"):
         assert 'source "$(dirname "$0")/env.sh"' in script.read_text(), script.name
+
+
+# -- the Kubernetes manifests against the Kubernetes API's own schemas -------------------------
+
+#: The oldest and newest Kubernetes releases the manifests are checked against (schemas ship in
+#: kubernetes-validate; strict: a misspelt or unknown field fails, not only a wrong type).
+K8S_VERSIONS = ("1.30.0", "1.37.0")
+
+
+def _k8s_objects() -> list[tuple[str, dict[str, Any]]]:
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    objects = []
+    for name in kustomization["resources"]:
+        for doc in yaml.safe_load_all((K8S / name).read_text()):
+            if doc:
+                objects.append((f"{name}:{doc['kind']}/{doc['metadata']['name']}", doc))
+    return objects
+
+
+def test_every_resource_kustomize_applies_exists_and_nothing_else_lies_beside_them() -> None:
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    listed = set(kustomization["resources"])
+    on_disk = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+    assert listed == on_disk
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_the_kubernetes_manifests_validate_strictly_against_the_api_schemas(version: str) -> None:
+    import kubernetes_validate
+
+    objects = _k8s_objects()
+    assert {doc["kind"] for _, doc in objects} >= {"Deployment", "Service", "Job"}
+    for where, doc in objects:
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            raise AssertionError(f"{where} is not valid for Kubernetes {version}: {e}") from e
+
+
+def test_the_schema_check_catches_a_misspelt_field() -> None:
+    import copy
+
+    import kubernetes_validate
+
+    doc = next(d for _, d in _k8s_objects() if d["kind"] == "Deployment")
+    broken = copy.deepcopy(doc)
+    spec = broken["spec"]["template"]["spec"]
+    spec["contaners"] = spec.pop("containers")
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, K8S_VERSIONS[-1], strict=True)
