@@ -121,6 +121,51 @@ def test_a_worker_killed_mid_build_loses_nothing(
         stop_worker(worker)
 
 
+def test_a_worker_told_to_stop_mid_warm_withdraws_first_loses_nothing_and_exits_0(
+    redis_server: RedisServer, env: Env, tmp_path: Path, reliability: Recorder
+) -> None:
+    # SIGTERM is how a Slurm job's end or a pod's eviction reaches `compileq worker`.
+    db = redis_server.client(11)
+    db.flushdb()
+    wenv = Env(redis_server.url(11), env.home)
+    for name in ("staying", "leaving"):
+        (tmp_path / name).mkdir()
+    staying = start_worker(wenv, tmp_path / "staying")
+    leaving = start_worker(wenv, tmp_path / "leaving")
+    try:
+        queue = next(db.scan_iter(match=keys.WORKERS + keys.QUEUE_PREFIX + "*"))
+        wait_for(lambda: db.zcard(queue) == 2, 120, "two live workers")
+        client = warm_async(wenv, tmp_path)
+        wait_for(lambda: any(True for _ in db.scan_iter(match=keys.LOCK + "*")), 120, "a lease")
+        leaving.process.send_signal(signal.SIGTERM)
+        # Its heartbeat goes before it does: clients stop routing to it at once.
+        wait_for(lambda: db.zcard(queue) == 1, 10, "the heartbeat withdrawn")
+        code = leaving.process.wait(timeout=120)
+        out, err = client.communicate(timeout=300)
+        assert client.returncode == 0, err[-3000:]
+        report = json.loads(out.strip().splitlines()[-1])
+        assert code == 0
+        # Its running builds finished or were redelivered to the worker that stays: the
+        # client never fell back.
+        assert (report["remote"], report["local"], report["failed"]) == (report["kernels"], 0, 0)
+        log = leaving.log.read_text()
+        assert "heartbeat withdrawn" in log
+        assert all_kernels_sound(wenv.redis_url, MLP)
+        assert not list(db.scan_iter(match=keys.LOCK + "*"))
+        reliability.record(
+            "SIGTERM to a worker mid-warm (a Slurm job ending, a pod evicted), another worker live",
+            "heartbeat withdrawn first; running builds finish (or are redelivered); exit 0; the "
+            "client never falls back",
+            f"heartbeat gone within 10 s of the signal; exit code {code}; "
+            f"{report['kernels']} kernels: {report['remote']} remote, {report['local']} local, "
+            f"{report['failed']} failed; every entry verifies; 0 leases left",
+            report["kernels"] - report["remote"] - report["local"] + report["failed"],
+        )
+    finally:
+        stop_worker(leaving)
+        stop_worker(staying)
+
+
 def test_redis_restarted_mid_run_loses_nothing(
     env: Env, tmp_path: Path, reliability: Recorder
 ) -> None:

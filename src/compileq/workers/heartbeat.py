@@ -28,6 +28,8 @@ class Heartbeat:
         self._secret = secret
         self._interval, self._ttl = interval_s, ttl_s
         self._stop = threading.Event()
+        # A beat in flight must not re-add the worker after stop() withdrew it.
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="compileq-heartbeat", daemon=True)
 
     def start(self) -> None:
@@ -35,6 +37,11 @@ class Heartbeat:
         self._thread.start()
 
     def beat(self) -> None:
+        with self._lock:
+            if not self._stop.is_set():
+                self._beat()
+
+    def _beat(self) -> None:
         try:
             liveness.beat(
                 self._client,
@@ -60,8 +67,13 @@ class Heartbeat:
             self.beat()
 
     def stop(self) -> None:
-        self._stop.set()
-        try:
-            liveness.leave(self._client, self.worker_id, self._queues)
-        except redis.RedisError as e:
-            log.warning("compileq worker: could not remove heartbeat: %s", e)
+        """Withdraw from every queue, once (shutdown calls it as it starts and as it ends)."""
+        with self._lock:
+            if self._stop.is_set():
+                return
+            self._stop.set()
+            try:
+                liveness.leave(self._client, self.worker_id, self._queues)
+                log.info("compileq worker: heartbeat withdrawn; finishing running builds")
+            except redis.RedisError as e:
+                log.warning("compileq worker: could not remove heartbeat: %s", e)

@@ -163,6 +163,11 @@ def main(argv: list[str] | None = None) -> int:
         log.info("compileq worker %s: %s", args.name, times.summary())
 
     signals.worker_ready.connect(ready, weak=False)
+    # Withdrawn when shutdown *starts* (SIGTERM: a Slurm job ending, a pod evicted), before the
+    # running builds finish: clients stop routing here at once, so a miss meanwhile goes to
+    # another live worker instead of a queue this one no longer consumes. Its running builds
+    # finish (warm shutdown); one cut off by the grace period is redelivered (acks late).
+    signals.worker_shutting_down.connect(lambda **_: heartbeat.stop(), weak=False)
     signals.worker_shutdown.connect(lambda **_: heartbeat.stop(), weak=False)
     log.info("compileq worker %s: queues %s", args.name, ", ".join(queues))
     app.worker_main(
