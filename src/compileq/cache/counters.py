@@ -69,9 +69,10 @@ def _hash(client: redis.Redis, key: str) -> dict[str, int]:
     """A counters hash as read back from Redis, where anybody may have written: a key of
     another type reads as empty (the next count repairs it, see RedisStore.count), and
     fields that are not known counters with integer values are skipped."""
-    if client.type(key) not in (b"hash", "hash"):
+    try:
+        raw = cast("dict[bytes, bytes]", client.hgetall(key))
+    except redis.ResponseError:  # WRONGTYPE
         return {}
-    raw = cast("dict[bytes, bytes]", client.hgetall(key))
     out = {}
     for field, value in raw.items():
         try:

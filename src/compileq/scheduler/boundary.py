@@ -17,19 +17,16 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, ParamSpec, TypeVar
 
-from compileq._log import log
+from compileq._log import warn_once
 from compileq.cache.counters import Counter, Reason, fallback
 
 P = ParamSpec("P")
 T = TypeVar("T")
 
-_said: set[str] = set()
-_said_lock = threading.Lock()
 #: Where fallbacks are counted (the installed client's store); None: only logged.
 _counter: Callable[[dict[Counter, int], Any], None] | None = None
 
@@ -42,17 +39,14 @@ def count_with(counter: Callable[[dict[Counter, int], Any], None] | None) -> Non
 
 def internal_error(where: str, error: BaseException) -> None:
     """Log ``error`` once per place, traceback included, and count it as a fallback."""
-    with _said_lock:
-        first = where not in _said
-        _said.add(where)
-    if first:
-        log.warning(
-            "compileq: internal error in %s (%s: %s); compiling without compileq there",
-            where,
-            type(error).__name__,
-            error,
-            exc_info=error,
-        )
+    warn_once(
+        f"internal:{where}",
+        "compileq: internal error in %s (%s: %s); compiling without compileq there",
+        where,
+        type(error).__name__,
+        error,
+        exc_info=error,
+    )
     counter = _counter
     if counter is not None:
         # Counting must not be the thing that fails a compile.

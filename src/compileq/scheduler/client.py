@@ -24,7 +24,7 @@ from typing import Any
 import redis
 
 from compileq import keys
-from compileq._log import log, warn_once
+from compileq._log import first_time, log, warn_once
 from compileq.cache import meta
 from compileq.cache.counters import Counter, Reason, fallback
 from compileq.cache.store import Entry, RedisStore, redis_client
@@ -105,7 +105,6 @@ class KernelClient:
         # worker proves the cluster shares our secret (see RedisStore.replace_foreign).
         self._store.replace_foreign = self._router.shares_secret
         self._store.on_unreachable = self._redis_failed
-        self._told_unserved: set[str] = set()
         self._app = client_app(settings)
         self._lock = threading.Lock()
         self._flights: dict[str, _Flight] = {}
@@ -208,10 +207,8 @@ class KernelClient:
                 (remote if self._router.has_worker(f.queue) else unserved).append(f)
             for queue, flight in {f.queue: f for f in unserved}.items():
                 # Asked once per queue: the answer reads every worker's record.
-                if flight.job.target is not None and queue not in self._told_unserved:
-                    self._told_unserved.add(queue)
-                    warn_once(
-                        f"no-worker:{queue}",
+                if flight.job.target is not None and first_time(f"no-worker:{queue}"):
+                    log.warning(
                         "compileq: no live worker for queue %s (%s); compiling locally",
                         queue,
                         self._router.why_unserved(flight.job.target),
@@ -235,8 +232,7 @@ class KernelClient:
             self._enqueue(remote)
             self._build_locally(unserved)
         except redis.RedisError as e:
-            self._redis_failed(e)
-            self._build_locally(flights)
+            self._redis_failed(e)  # builds every waiting flight, these included, locally
         except Exception as e:  # a bug, or a value from Redis it could not read: stock's way
             boundary.internal_error("the kernel client", e)
             self._build_locally(flights)
@@ -294,12 +290,7 @@ class KernelClient:
             pipe.set(keys.job(f.key), sealed, ex=ttl)
         pipe.execute()
         if too_large:
-            self._store.count(
-                {Counter.FALLBACKS: len(too_large)},
-                _per_queue([], [], too_large),
-                [fallback(Reason.SIZE_CAP, len(too_large))],
-            )
-            self._build_locally(too_large)
+            self._fall_back(too_large, Reason.SIZE_CAP)
             flights = [f for f in flights if f not in too_large]
         sent = []
         try:
@@ -320,14 +311,18 @@ class KernelClient:
                 )
             else:
                 warn_once("broker", "compileq: cannot reach the broker (%s); compiling locally", e)
-            self._store.count(
-                {Counter.FALLBACKS: len(unsent)},
-                _per_queue([], [], unsent),
-                [fallback(Reason.BROKER, len(unsent))],
-            )
-            self._build_locally(unsent)
+            self._fall_back(unsent, Reason.BROKER)
 
     # -- local builds -------------------------------------------------------------------------
+
+    def _fall_back(self, flights: list[_Flight], reason: Reason) -> None:
+        """Count ``flights`` as fallbacks for ``reason`` (in total and per queue), build here."""
+        self._store.count(
+            {Counter.FALLBACKS: len(flights)},
+            _per_queue([], [], flights),
+            [fallback(reason, len(flights))],
+        )
+        self._build_locally(flights)
 
     def _build_locally(self, flights: list[_Flight]) -> None:
         for f in flights:
@@ -488,12 +483,7 @@ class KernelClient:
                 "compileq: remote builds missed the %.0fs deadline; compiling locally",
                 self._settings.deadline_s,
             )
-            self._store.count(
-                {Counter.FALLBACKS: len(late)},
-                _per_queue([], [], late),
-                [fallback(Reason.DEADLINE, len(late))],
-            )
-            self._build_locally(late)
+            self._fall_back(late, Reason.DEADLINE)
 
     # -- endings ------------------------------------------------------------------------------
 

@@ -13,7 +13,6 @@ import functools
 import hashlib
 import os
 import socket
-import sys
 import time
 from typing import Any, ClassVar
 
@@ -64,9 +63,6 @@ class _StoreBackend(RemoteCacheBackend[bytes]):  # type: ignore[misc]
         if _store is None:
             return None
         name = self._key(key)
-        if self.single_flight and _wrapped is None and _COMPILE_FX in sys.modules:
-            # compileq installed while compile_fx was loading: wrap it now that it has.
-            _release_leases_after_each_compile(sys.modules[_COMPILE_FX])
         if self.shows_progress:
             progress.start()
         try:
@@ -202,7 +198,7 @@ def enable(store: RedisStore, deadline_s: float) -> None:
         max_hold_s=deadline_s,
         on_stale=lambda n: store.count({Counter.STALE_LEASES: n}),
     )
-    import_hooks.after_import(_COMPILE_FX, _release_leases_after_each_compile)
+    hook_compile_fx()
     for name, backend in _OVERRIDES.items():
         cls = getattr(remote_cache, name, None)
         if cls is not None:
@@ -224,6 +220,13 @@ def enable(store: RedisStore, deadline_s: float) -> None:
 
 _COMPILE_FX = "torch._inductor.compile_fx"
 _wrapped: tuple[Any, Any] | None = None  # (compile_fx module, its own _compile_fx_inner)
+
+
+def hook_compile_fx() -> None:
+    """Release graph leases after each compile, now or once ``compile_fx`` has loaded. Like
+    fx_remote.enable: called again by install()'s second call, for ``compileq run``, which
+    installs while ``compile_fx`` is still loading."""
+    import_hooks.after_import(_COMPILE_FX, _release_leases_after_each_compile)
 
 
 def _release_leases_after_each_compile(module: Any) -> None:

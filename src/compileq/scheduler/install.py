@@ -63,8 +63,8 @@ def install(
     global _installed
     try:
         settings = settings or get_settings()
-    except (ConfigError, ValueError) as e:  # pydantic's ValidationError is a ValueError
-        warn_once("config", "compileq: not installed: %s", _one_line(e))
+    except ConfigError as e:  # one line, secrets redacted (config.load_settings)
+        warn_once("config", "compileq: not installed: %s", e)
         return False
     if not settings.enabled:
         return False
@@ -73,6 +73,10 @@ def install(
         if _installed is not None:
             if _installed.fx:
                 fx_remote.enable(_installed.pool.client)
+            if settings.graph_cache:
+                from compileq.scheduler import graph_cache
+
+                graph_cache.hook_compile_fx()
             return True
         from torch._inductor import config
         from torch._inductor.async_compile import AsyncCompile, get_compile_threads
@@ -131,10 +135,6 @@ def uninstall() -> None:
         AsyncCompile._ready_future = None
         _installed.pool.shutdown()
         _installed = None
-
-
-def _one_line(error: Exception) -> str:
-    return " ".join(str(error).split())[:300]
 
 
 def installed_pool() -> CompileqPool | None:

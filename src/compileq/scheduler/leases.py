@@ -5,9 +5,10 @@ Every lease compileq takes has an expiry, and its value names its owner. So:
 - release and refresh compare the owner inside Redis (Lua), and never touch a lease that
   expired and was taken by somebody else meanwhile;
 - a lock found *without* an expiry was not set by compileq (a crash cannot leave one: the
-  expiry is set in the same command), so it is stale: it is removed, only while it still holds
-  the value read (compare-and-delete), counted, and the lease taken. Rejected alternative:
-  waiting it out, which made every process wait the whole deadline for each graph in turn.
+  expiry is set in the same command), so it is stale: it is taken over in the same script
+  that found it (atomic, so a live owner's lease is never replaced) and counted. Rejected
+  alternative: waiting it out, which made every process wait the whole deadline for each
+  graph in turn.
 
 :class:`Leases` holds FX-graph leases (built in process) and refreshes them on one daemon
 thread, so a slow compile keeps its lease and a process that dies loses it within ``ttl``.
