@@ -3,8 +3,9 @@
 grouped-query attention, SwiGLU; AdamW; bf16 autocast on a GPU.
 
     python llama_script.py [--device cpu|cuda|cuda:K] [--steps N] [--width W]
-                           [--bucket-mb MB] [--dump-code DIR]
+                           [--bucket-mb MB] [--fsdp] [--dump-code DIR]
     torchrun --nproc-per-node 2 llama_script.py ...     # DDP (gloo on CPU, NCCL on GPUs)
+    torchrun --nproc-per-node 2 llama_script.py --fsdp  # FSDP2: fully_shard per block
 
 Each rank trains a compiled copy and an eager copy from the same weights and prints one JSON
 line: its losses, whether they (and the final weights) equal eager's, the first step's time,
@@ -111,6 +112,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--layers", type=int, default=3)
     p.add_argument("--bucket-mb", type=float, default=None, help="DDP bucket cap (small: more)")
+    p.add_argument(
+        "--fsdp", action="store_true", help="under torchrun: FSDP2 (fully_shard per block) not DDP"
+    )
     p.add_argument("--dump-code", default=None)
     p.add_argument(
         "--rank-caches",
@@ -142,7 +146,10 @@ def main() -> None:
     model = Llama(dim=args.width, layers=args.layers).to(device)
     reference = Llama(dim=args.width, layers=args.layers).to(device)
     reference.load_state_dict(model.state_dict())
-    if distributed:
+    if distributed and args.fsdp:
+        shard(model, device)
+        shard(reference, device)
+    elif distributed:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         ids = [device.index] if device.type == "cuda" else None
@@ -180,7 +187,7 @@ def main() -> None:
         abs(a - b) <= tolerance * max(1.0, abs(b)) for a, b in zip(losses, eager, strict=False)
     )
     same = same and all(
-        torch.allclose(p.float(), q.float(), atol=tolerance * 5, rtol=tolerance)
+        torch.allclose(local(p).float(), local(q).float(), atol=tolerance * 5, rtol=tolerance)
         for p, q in zip(model.parameters(), reference.parameters(), strict=True)
     )
     if args.dump_code:
@@ -216,6 +223,24 @@ def main() -> None:
         import torch.distributed as dist
 
         dist.destroy_process_group()
+
+
+def local(p: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a parameter (FSDP2 holds DTensors, each rank a shard)."""
+    to_local = getattr(p, "to_local", None)
+    return to_local() if to_local is not None else p
+
+
+def shard(model: Llama, device: torch.device) -> None:
+    """FSDP2 as its docs show it: each block its own unit, then the root."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
 
 
 def dump_output_code(into: Path) -> None:

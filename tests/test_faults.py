@@ -137,7 +137,9 @@ def test_a_worker_told_to_stop_mid_warm_withdraws_first_loses_nothing_and_exits_
         wait_for(lambda: db.zcard(queue) == 2, 120, "two live workers")
         client = warm_async(wenv, tmp_path)
         wait_for(lambda: any(True for _ in db.scan_iter(match=keys.LOCK + "*")), 120, "a lease")
-        leaving.process.send_signal(signal.SIGTERM)
+        # To every process of the worker, as Slurm signals a job step's processes: each
+        # worker process gets SIGTERM twice (its own, and the supervisor's forwarded one).
+        os.killpg(leaving.process.pid, signal.SIGTERM)
         # Its heartbeat goes before it does: clients stop routing to it at once.
         wait_for(lambda: db.zcard(queue) == 1, 10, "the heartbeat withdrawn")
         code = leaving.process.wait(timeout=120)
@@ -153,7 +155,8 @@ def test_a_worker_told_to_stop_mid_warm_withdraws_first_loses_nothing_and_exits_
         assert all_kernels_sound(wenv.redis_url, MLP)
         assert not list(db.scan_iter(match=keys.LOCK + "*"))
         reliability.record(
-            "SIGTERM to a worker mid-warm (a Slurm job ending, a pod evicted), another worker live",
+            "SIGTERM to every process of a worker mid-warm (a Slurm job ending, a pod evicted), "
+            "another worker live",
             "heartbeat withdrawn first; running builds finish (or are redelivered); exit 0; the "
             "client never falls back",
             f"heartbeat gone within 10 s of the signal; exit code {code}; "

@@ -15,8 +15,8 @@ from compileq.fingerprint import Target
 from compileq.tasks import liveness
 from compileq.tasks.app import celery_config
 from compileq.workers.fx_slots import FxSlots
-from compileq.workers.gpus import Gpu, select_gpus
-from compileq.workers.supervisor import plan
+from compileq.workers.gpus import Gpu, from_smi_rows, parse_smi, select_gpus, visible_entries
+from compileq.workers.supervisor import ChildSpec, plan
 from tests.conftest import SECRET, Env, RedisServer, start_worker, stop_worker
 
 H100 = Target("cuda", "90", 32)
@@ -41,6 +41,62 @@ def test_gpus_are_chosen_by_index_or_all() -> None:
         select_gpus("all", [])
     with pytest.raises(WorkerError, match="indices"):
         select_gpus("first", GPUS)
+
+
+# What `nvidia-smi --query-gpu=index,uuid,name,compute_cap --format=csv,noheader` printed on
+# the 2 x H200 device (UUIDs shortened).
+SMI_H200X2 = """0, GPU-aaaa-0, NVIDIA H200, 9.0
+1, GPU-bbbb-1, NVIDIA H200, 9.0
+"""
+H200 = Target("cuda", "90", 32)
+
+
+def test_gpus_are_listed_from_nvidia_smi_and_pinned_by_uuid() -> None:
+    rows = parse_smi(SMI_H200X2)
+    gpus = from_smi_rows(rows, None)
+    assert gpus == [
+        Gpu(0, "NVIDIA H200", H200, "GPU-aaaa-0"),
+        Gpu(1, "NVIDIA H200", H200, "GPU-bbbb-1"),
+    ]
+    with pytest.raises(ValueError):
+        parse_smi("0, GPU-a, H200\n")  # an old driver without compute_cap: torch is asked
+
+
+def test_a_supervisor_given_some_gpus_numbers_and_pins_only_those() -> None:
+    # Slurm gave this job GPU 1 alone: the worker's GPU 0 is that GPU, pinned by its UUID,
+    # never the node's GPU 0 (another job's).
+    rows = parse_smi(SMI_H200X2)
+    assert from_smi_rows(rows, visible_entries({"CUDA_VISIBLE_DEVICES": "1"})) == [
+        Gpu(0, "NVIDIA H200", H200, "GPU-bbbb-1")
+    ]
+    assert from_smi_rows(rows, ["GPU-bbbb-1", "GPU-aaaa-0"]) == [
+        Gpu(0, "NVIDIA H200", H200, "GPU-bbbb-1"),
+        Gpu(1, "NVIDIA H200", H200, "GPU-aaaa-0"),
+    ]
+    assert from_smi_rows(rows, visible_entries({"CUDA_VISIBLE_DEVICES": ""})) == []
+    # A MIG instance is not a row of nvidia-smi's GPU list: torch is asked instead.
+    assert from_smi_rows(rows, ["MIG-1234"]) is None
+
+
+def test_a_mixed_node_is_left_to_torch_unless_cuda_orders_by_pci_bus(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rows = parse_smi("0, GPU-a, NVIDIA A100, 8.0\n1, GPU-b, NVIDIA H100, 9.0\n")
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    assert from_smi_rows(rows, None) is None  # CUDA lists the fastest first
+    assert from_smi_rows(rows, ["GPU-b"]) == [Gpu(0, "NVIDIA H100", H100, "GPU-b")]
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    assert [g.pin for g in from_smi_rows(rows, None) or []] == ["GPU-a", "GPU-b"]
+
+
+def test_each_gpu_worker_process_is_pinned_to_its_gpu() -> None:
+    specs = [
+        ChildSpec(f"gpu{g.index}", (g.target,), 4, False, g.index, pin=g.visible_devices)
+        for g in from_smi_rows(parse_smi(SMI_H200X2), None) or []
+    ]
+    env = [s.env(Settings(secret="s"))["CUDA_VISIBLE_DEVICES"] for s in specs]
+    assert env == ["GPU-aaaa-0", "GPU-bbbb-1"]
+    assert Gpu(3, "H100", H100).visible_devices == "3"  # torch's listing, no UUID known
 
 
 def test_a_cpu_only_worker_builds_for_each_arch_it_is_given() -> None:

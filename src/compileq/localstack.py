@@ -20,9 +20,9 @@ from pathlib import Path
 
 import redis
 
-from compileq import keys
 from compileq.config import Settings, child_env
 from compileq.errors import CompileqError
+from compileq.tasks import liveness
 
 
 def free_port() -> int:
@@ -107,7 +107,9 @@ def start_worker(
     )
     client = redis.Redis.from_url(settings.redis_url)
     deadline = time.monotonic() + timeout_s
-    while not any(True for _ in client.scan_iter(match=keys.WORKERS + "*")):
+    # Every queue: a worker beats as soon as it takes kernel work, and says which queues are
+    # still to join (workers.late_fx); callers here want the whole worker.
+    while not any(not info.get("pending") for info in liveness.workers_info(client)):
         if proc.poll() is not None or time.monotonic() > deadline:
             stop(proc)
             tail = log.read_text()[-3000:] if log else ""

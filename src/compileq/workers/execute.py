@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import redis
@@ -35,6 +36,15 @@ class WorkerContext:
     #: Which pool processes are generating graphs. The default, one slot, is a worker of one
     #: process: no sibling is ever free, so codegen builds its kernels in place.
     fx_slots: FxSlots = field(default_factory=lambda: FxSlots(1))
+    #: The FX toolchains the main process found after the pool forked (workers.late_fx): a pool
+    #: process finds them itself, once, when it first meets a target it does not know.
+    late_fx: Callable[[], dict[str, FxToolchain]] | None = None
+
+    def fx_toolchain(self, target: str) -> FxToolchain | None:
+        if target not in self.fx_toolchains and self.late_fx is not None:
+            late, self.late_fx = self.late_fx, None
+            self.fx_toolchains.update(late())
+        return self.fx_toolchains.get(target)
 
 
 _context: WorkerContext | None = None

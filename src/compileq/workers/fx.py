@@ -59,7 +59,7 @@ def execute_compile_fx(key: object) -> str:
 
 def _load_job(ctx: WorkerContext, key: str) -> FxJob:
     job = FxJob.from_bytes(open_job(ctx, key))
-    toolchain = ctx.fx_toolchains.get(job.target)
+    toolchain = ctx.fx_toolchain(job.target)
     if toolchain is None:
         raise ToolchainMismatch(f"this worker does not generate code for {job.target}")
     if job.toolchain != toolchain.digest:

@@ -28,8 +28,10 @@ class Heartbeat:
         self._secret = secret
         self._interval, self._ttl = interval_s, ttl_s
         self._stop = threading.Event()
-        # A beat in flight must not re-add the worker after stop() withdrew it.
+        # A beat in flight must not re-add the worker after stop() withdrew it: whoever holds
+        # the lock when stop() is asked withdraws (see stop()).
         self._lock = threading.Lock()
+        self._left = False
         self._thread = threading.Thread(target=self._run, name="compileq-heartbeat", daemon=True)
 
     def start(self) -> None:
@@ -40,6 +42,8 @@ class Heartbeat:
         with self._lock:
             if not self._stop.is_set():
                 self._beat()
+            if self._stop.is_set():  # stop() was asked while this beat was in flight
+                self._leave()
 
     def _beat(self) -> None:
         try:
@@ -54,6 +58,13 @@ class Heartbeat:
         except redis.RedisError as e:
             warn_once("heartbeat", "compileq worker: heartbeat to Redis failed (%s); retrying", e)
 
+    def extend(self, queues: list[str], info: dict[str, Any]) -> None:
+        """Serve more queues from now on (workers.late_fx), and say so in the very next beat."""
+        with self._lock:
+            self._queues = [*self._queues, *(q for q in queues if q not in self._queues)]
+            self._info = {**self._info, **info, "queues": self._queues}
+        self.beat()
+
     def _fresh_info(self) -> dict[str, Any]:
         """The static info plus what doctor checks per beat: the wall clock (clock skew against
         Redis's TIME, which scores the beat) and a signed probe (secret agreement)."""
@@ -67,13 +78,29 @@ class Heartbeat:
             self.beat()
 
     def stop(self) -> None:
-        """Withdraw from every queue, once (shutdown calls it as it starts and as it ends)."""
-        with self._lock:
-            if self._stop.is_set():
-                return
-            self._stop.set()
-            try:
-                liveness.leave(self._client, self.worker_id, self._queues)
-                log.info("compileq worker: heartbeat withdrawn; finishing running builds")
-            except redis.RedisError as e:
-                log.warning("compileq worker: could not remove heartbeat: %s", e)
+        """Withdraw from every queue, once (shutdown calls it as it starts and as it ends).
+
+        Called from signal handlers, which run on the main thread between any two bytecodes:
+        a second SIGTERM (Slurm signals every process of a step, and the supervisor forwards
+        its own) can arrive inside the first one's withdrawal, and the main thread can be
+        inside a beat (``extend``). Waiting on the lock there deadlocked a worker for good;
+        so stop() only takes the lock when it is free, and a beat holding it withdraws as it
+        ends.
+        """
+        self._stop.set()
+        if not self._lock.acquire(blocking=False):
+            return  # the holder withdraws when it releases (beat) or already is (stop)
+        try:
+            self._leave()
+        finally:
+            self._lock.release()
+
+    def _leave(self) -> None:
+        if self._left:
+            return
+        self._left = True
+        try:
+            liveness.leave(self._client, self.worker_id, self._queues)
+            log.info("compileq worker: heartbeat withdrawn; finishing running builds")
+        except redis.RedisError as e:
+            log.warning("compileq worker: could not remove heartbeat: %s", e)

@@ -7,13 +7,17 @@ it sees exactly one GPU (or none with ``--cpu-only``) before anything touches CU
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import socket
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from compileq._log import log
+
+if TYPE_CHECKING:
+    from compileq.fingerprint import FxToolchain, Target
 
 
 def preload(cpu_only: bool) -> None:
@@ -26,6 +30,17 @@ def preload(cpu_only: bool) -> None:
     import torch._inductor.codecache
     import torch._inductor.compile_fx_ext
     import torch._inductor.runtime.triton_heuristics  # noqa: F401
+
+
+def cpu_fx_toolchains(gpus: list[Target]) -> dict[str, FxToolchain]:
+    """The FX targets naming this CPU's vector ISAs: CPU graphs, and each GPU's graphs with a
+    CPU tensor. Finding the ISAs compiles a probe per ISA the first time on a machine."""
+    from compileq.fingerprint import fx_target, local_fx_toolchain
+
+    found = {fx_target(None): local_fx_toolchain(None)}
+    for gpu in gpus:
+        found[fx_target(gpu)] = local_fx_toolchain(gpu)
+    return found
 
 
 class StartTimes:
@@ -66,12 +81,18 @@ def main(argv: list[str] | None = None) -> int:
     cuda_fork.watch()
     from compileq.cache.store import RedisStore, redis_client
     from compileq.config import get_settings
-    from compileq.fingerprint import Target, fx_target, local_fx_toolchain, local_toolchain
+    from compileq.fingerprint import (
+        Target,
+        fx_target,
+        local_fx_toolchain,
+        local_toolchain,
+    )
     from compileq.tasks import app, triton_queue
     from compileq.tasks.queues import fx_queue
     from compileq.workers import execute
     from compileq.workers.fx_slots import FxSlots
     from compileq.workers.heartbeat import Heartbeat
+    from compileq.workers.late_fx import LateFxQueues
 
     settings = get_settings()
     settings.secret_bytes()  # fail now, not on the first task
@@ -100,9 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         times.lap("c++ cache")
     # FX codegen: every worker generates CPU graphs for its own CPU (vector ISAs, compiler);
     # a GPU worker also generates graphs for its GPU. A --cpu-only worker's --arch targets
-    # are for cross-compiling kernels only: generating a GPU graph needs the GPU.
-    fx_toolchains = {fx_target(None): local_fx_toolchain(None)}
-    times.lap("cpu isa probes")
+    # are for cross-compiling kernels only: generating a GPU graph needs the GPU. Targets that
+    # name this CPU's vector ISAs join after the worker takes work (workers.late_fx).
     fx_gpus = [] if args.cpu_only else targets
     if fx_gpus and not cuda_fork.forks_cleanly():  # checked last: after all setup so far
         log.warning(
@@ -112,18 +132,22 @@ def main(argv: list[str] | None = None) -> int:
             cuda_fork.first_touch() or "(not seen)",
         )
         fx_gpus = []
-    for gpu in fx_gpus:
-        fx_toolchain = local_fx_toolchain(gpu)
-        fx_toolchains[fx_target(gpu)] = fx_toolchain
-        # GPU graphs without a CPU tensor are routed by the GPU alone (see fx_target).
-        fx_toolchains[fx_target(gpu, cpu=False)] = fx_toolchain
+    # GPU graphs without a CPU tensor are routed by the GPU alone (see fx_target).
+    fx_toolchains = {fx_target(gpu, cpu=False): local_fx_toolchain(gpu) for gpu in fx_gpus}
     times.lap("gpu fx toolchains and fork check")
     queues += [fx_queue(tc, target) for target, tc in fx_toolchains.items()]
+    late_fx = functools.partial(cpu_fx_toolchains, fx_gpus)
     host = socket.gethostname()
     worker_id = f"{host}:{args.name}:{os.getpid()}"
     execute.configure(
         execute.WorkerContext(
-            settings, store, toolchains, fx_toolchains, worker_id, FxSlots(args.concurrency)
+            settings,
+            store,
+            toolchains,
+            fx_toolchains,
+            worker_id,
+            FxSlots(args.concurrency),
+            late_fx=late_fx,
         )
     )
     if args.metrics_port is not None:
@@ -141,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         "queues": queues,
         "toolchains": {str(t): tc.describe() for t, tc in toolchains.items()},
         "fx_toolchains": {t: tc.describe() for t, tc in fx_toolchains.items()},
+        # Until this CPU's vector ISAs are known: what localstack.start_worker waits for.
+        "pending": ["cpu fx queues"],
         # What pinning really is: doctor checks each GPU worker sees exactly one device.
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "metrics_port": args.metrics_port,
@@ -156,11 +182,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     from celery import signals
 
+    def joined(late: dict[str, FxToolchain], more: list[str], seconds: float) -> None:
+        described = {**info["fx_toolchains"], **{t: tc.describe() for t, tc in late.items()}}
+        heartbeat.extend(more, {"fx_toolchains": described, "pending": []})
+        log.info(
+            "compileq worker %s: FX queues %s joined %.1fs after ready (cpu isa probes)",
+            args.name,
+            ", ".join(more),
+            seconds,
+        )
+
+    late_queues = LateFxQueues(late_fx, lambda target, tc: fx_queue(tc, target), joined)
+
     # Announce liveness only once the pool can take work, and withdraw it before shutdown,
     # so clients never route to a worker that is not consuming.
-    def ready(**_: Any) -> None:
+    def ready(sender: Any = None, **_: Any) -> None:
         heartbeat.start()
         log.info("compileq worker %s: %s", args.name, times.summary())
+        late_queues.start(sender)
 
     signals.worker_ready.connect(ready, weak=False)
     # Withdrawn when shutdown *starts* (SIGTERM: a Slurm job ending, a pod evicted), before the

@@ -37,6 +37,8 @@ class ChildSpec:
     cpu_only: bool
     gpu: int | None
     metrics_port: int | None = None
+    #: The child's ``CUDA_VISIBLE_DEVICES`` (a GPU's UUID: see workers.gpus); none for --cpu-only.
+    pin: str = ""
 
     def argv(self, loglevel: str) -> list[str]:
         argv = [
@@ -57,7 +59,7 @@ class ChildSpec:
         return argv
 
     def env(self, settings: Settings) -> dict[str, str]:
-        visible = "" if self.gpu is None else str(self.gpu)
+        visible = "" if self.gpu is None else self.pin or str(self.gpu)
         return child_env(settings, CUDA_VISIBLE_DEVICES=visible)
 
 
@@ -83,7 +85,10 @@ def plan(
         raise WorkerError("--arch applies to --cpu-only; GPU workers build for their own GPU")
     chosen = select_gpus(gpus or "all", probe_gpus())
     per_gpu = concurrency or max(1, cores // len(chosen))
-    return [ChildSpec(f"gpu{g.index}", (g.target,), per_gpu, False, g.index) for g in chosen]
+    return [
+        ChildSpec(f"gpu{g.index}", (g.target,), per_gpu, False, g.index, pin=g.visible_devices)
+        for g in chosen
+    ]
 
 
 def restart_delay(quick_deaths: int) -> float:
