@@ -2,10 +2,12 @@
 # The compose stack's one entry point, for users and for tests/test_stack.py.
 #
 #   docker/stack.sh build              base image (once), wheels from the host's pip, compileq image
+#   docker/stack.sh build-slurm        the same, then Debian's Slurm and munge on it (docker/slurm/)
 #   docker/stack.sh compose ARGS...    `docker compose ARGS` or, without the v2 plugin, `docker-compose ARGS`
 #
 # Variables: PYTHON (the host interpreter whose pip fetches wheels; default .venv/bin/python, else
-# python3), TORCH_SPEC (default torch==2.13.0), COMPILEQ_IMAGE (default compileq:local).
+# python3), TORCH_SPEC (default torch==2.13.0), COMPILEQ_IMAGE (default compileq:local),
+# COMPILEQ_SLURM_IMAGE (default compileq-slurm:local).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -68,12 +70,21 @@ build)
         -f docker/Dockerfile -t "${COMPILEQ_IMAGE:-compileq:local}" . >/dev/null
     echo "built ${COMPILEQ_IMAGE:-compileq:local}"
     ;;
+build-slurm)
+    "$0" build
+    # A layer on the compileq image: a code change rebuilds compileq's last layers, then this
+    # small one (Debian's packages, a few seconds), never torch's.
+    DOCKER_BUILDKIT=0 docker build -q --network host \
+        --build-arg "BASE=${COMPILEQ_IMAGE:-compileq:local}" \
+        -f docker/slurm/Dockerfile -t "${COMPILEQ_SLURM_IMAGE:-compileq-slurm:local}" . >/dev/null
+    echo "built ${COMPILEQ_SLURM_IMAGE:-compileq-slurm:local}"
+    ;;
 compose)
     shift
     compose "$@"
     ;;
 *)
-    sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac

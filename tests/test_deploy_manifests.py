@@ -173,8 +173,10 @@ def test_slurm_scripts_set_the_compose_settings_and_require_the_secret() -> None
     }
     assert exported == SETTINGS
     assert "${COMPILEQ_SECRET:?" in env_sh
+    # From the submit directory: sbatch runs a copy of the script from slurmd's spool directory,
+    # so "$(dirname "$0")" would not find env.sh (tests/test_slurm.py runs them under Slurm).
     for script in SLURM.glob("*.sbatch"):
-        assert 'source "$(dirname "$0")/env.sh"' in script.read_text(), script.name
+        assert 'source "${SLURM_SUBMIT_DIR:-.}/deploy/slurm/env.sh"' in script.read_text(), script
 
 
 # -- the Kubernetes manifests against the Kubernetes API's own schemas -------------------------

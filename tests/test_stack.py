@@ -7,18 +7,17 @@ installs and starts one (`make docker`).
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
-import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
+
+from tests.docker_engine import json_line, require_docker
 
 ROOT = Path(__file__).parents[1]
 STACK = ROOT / "docker" / "stack.sh"
@@ -26,38 +25,9 @@ STACK = ROOT / "docker" / "stack.sh"
 Compose = Callable[..., subprocess.CompletedProcess[str]]
 
 
-def _why_no_docker() -> str | None:
-    if shutil.which("docker") is None:
-        return "no docker command (make docker installs Debian's docker.io)"
-    info = subprocess.run(["docker", "info"], capture_output=True, text=True, timeout=60)
-    if info.returncode != 0:
-        return (
-            f"no Docker engine answers (make docker starts dockerd): {info.stderr.strip()[-300:]}"
-        )
-    plugin = subprocess.run(["docker", "compose", "version"], capture_output=True, timeout=60)
-    if plugin.returncode != 0 and shutil.which("docker-compose") is None:
-        return "neither 'docker compose' nor 'docker-compose' is installed"
-    base = subprocess.run(
-        ["docker", "image", "inspect", "compileq-base:bookworm"], capture_output=True, timeout=60
-    )
-    if base.returncode != 0 and shutil.which("debootstrap") is None:
-        return "the base image needs debootstrap (apt-get install debootstrap)"
-    return None
-
-
-def _json_line(text: str) -> dict[str, Any]:
-    line = next(line for line in reversed(text.splitlines()) if line.startswith("{"))
-    result: dict[str, Any] = json.loads(line)
-    return result
-
-
 @pytest.fixture(scope="module")
 def compose() -> Iterator[Compose]:
-    reason = _why_no_docker()
-    if reason:
-        if os.environ.get("CI"):
-            pytest.fail(f"the stack test must run in CI: {reason}")
-        pytest.skip(reason)
+    require_docker("the stack test")
     build = subprocess.run(
         [str(STACK), "build"],
         env={**os.environ, "PYTHON": sys.executable},
@@ -110,13 +80,13 @@ def compose() -> Iterator[Compose]:
 
 def test_the_stack_serves_a_new_machines_training_step_from_its_cache(compose: Compose) -> None:
     def stats() -> dict[str, int]:
-        return _json_line(compose("exec", "-T", "worker-cpu", "compileq", "stats", "--json").stdout)
+        return json_line(compose("exec", "-T", "worker-cpu", "compileq", "stats", "--json").stdout)
 
     # `run --rm` makes a fresh container each time: its Inductor and Triton caches start empty,
     # exactly as on a machine that joins the cluster.
-    cold = _json_line(compose("run", "--rm", "-T", "trainer").stdout)
+    cold = json_line(compose("run", "--rm", "-T", "trainer").stdout)
     after_cold = stats()
-    new = _json_line(compose("run", "--rm", "-T", "trainer").stdout)
+    new = json_line(compose("run", "--rm", "-T", "trainer").stdout)
     after_new = stats()
 
     assert cold["matches_eager"] and new["matches_eager"]
