@@ -263,16 +263,17 @@ def test_sacct_records_both_jobs_completed_and_the_pool_cancelled(observed: Obse
 
 @pytest.mark.xfail(
     strict=False,
-    reason="scancel signals every process of the step, so the worker's Celery process gets "
-    "SIGTERM twice (from slurmstepd and from its supervisor): the second handler runs inside the "
-    "first's Heartbeat.stop() and waits on the lock that call holds, until SIGKILL (py-spy shows "
-    "it; `kill -TERM -- -PGID` on a local worker does it too, about 2 times in 3)",
+    reason="a second SIGTERM's handler runs inside the first's Heartbeat.stop() and can block "
+    "on a lock the first holds (threading.Event.set's, since d0cbd64; Heartbeat._lock before), "
+    "until SIGKILL: py-spy shows it, and `kill -TERM -- -PGID` on a local worker does it too, "
+    "about 1 time in 3",
 )
 def test_scancel_stops_the_pools_worker_gracefully_within_killwait(
     cluster: Cluster, observed: Observed
 ) -> None:
     # Slurm signals every process of the step (proctrack/linuxproc, as proctrack/cgroup does):
-    # the worker's supervisor and its Celery process alike. SIGKILL follows after KillWait.
+    # the worker's Celery process gets SIGTERM from slurmstepd and again from its supervisor.
+    # Until it withdraws its heartbeat, clients keep sending it builds; SIGKILL follows KillWait.
     log = cluster.output(observed.pool)
     assert "heartbeat withdrawn" in log, log[-3000:]
     assert observed.stop_s < 20, (observed.stop_s, log[-3000:])
