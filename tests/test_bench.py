@@ -1,5 +1,6 @@
-"""The benchmark harness itself: its report on recorded H100 results, and one scenario run as
-users run it (``python -m bench``: its own redis-server, a real worker, real round trips)."""
+"""The benchmark harness itself: its report on recorded H100 results, one scenario run as users
+run it (``python -m bench``: its own redis-server, a real worker, real round trips), and the
+capacity measurement (``python -m bench.capacity``) on real builds in a real Redis."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench.capacity import UNCLASSIFIED, classify, unit_of
 from bench.report import merge_runs
+
+from compileq import keys
 
 ROOT = Path(__file__).resolve().parent.parent
 H100 = ROOT / "docs" / "bench" / "h100" / "session3"
@@ -78,3 +82,83 @@ def test_the_queue_scenario_runs_against_a_real_worker_and_writes_its_results(
     assert "**queue overhead**" in (out / "bench.md").read_text()
     # The worker's log is kept beside the results, for a build that failed.
     assert "compileq worker" in (out / "workers.log").read_text()
+
+
+def test_capacity_classifies_every_key_family_that_keys_py_defines() -> None:
+    kernel = keys.artifact("triton", "ab" * 32)
+    graph = keys.artifact("fx", "cd" * 32)
+    # A key of every family keys.py defines (a family added there fails here until
+    # bench.capacity classifies it); channels and Celery queue names are not keys.
+    families = {n: v for n, v in vars(keys).items() if n.isupper() and isinstance(v, str)}
+    for name in ("PREFIX", "DONE_CHANNEL", "QUEUE_PREFIX", "FX_QUEUE_PREFIX"):
+        del families[name]
+    suffix = {"ARTIFACT": kernel[len(keys.ARTIFACT) :], "SIBLINGS": "triton:" + "ef" * 32}
+    suffix |= dict.fromkeys(("JOB", "META", "LOCK"), kernel)
+    for name, prefix in families.items():
+        key = prefix + suffix.get(name, "x")
+        assert classify(key) != UNCLASSIFIED, (name, key)
+    expected = {
+        kernel: "triton",
+        graph: "fx",
+        keys.job(kernel): "job:triton",
+        keys.meta(kernel): "meta:triton",
+        keys.lock(graph): "lock:fx",
+        keys.siblings("triton", "ef" * 32): "siblings:triton",
+        keys.STATS: "counters",
+        keys.QUEUE_STATS: "counters",
+        keys.FALLBACK_REASONS: "counters",
+        keys.slow("fx"): "slow",
+        keys.MISSES: "misses",
+        keys.WORKER_REGISTRY: "liveness",
+        keys.workers(keys.QUEUE_PREFIX + "x.sm_90"): "liveness",
+        keys.worker_info("w1"): "liveness",
+        keys.DOCTOR + "probe": "doctor",
+        keys.BROKER_DOCTOR + "probe": "doctor",
+        keys.BROKER + "sentinel:mymaster": "doctor",
+        keys.BROKER + "unacked": "broker",
+        "pt2-fx-graph:abc": UNCLASSIFIED,  # stock Inductor's own remote cache: not compileq's
+        keys.ARTIFACT + "triton": UNCLASSIFIED,  # no digest: not a key compileq writes
+        keys.job("elsewhere"): UNCLASSIFIED,
+    }
+    assert {k: classify(k) for k in expected} == expected
+    assert unit_of("meta:triton") == unit_of("triton") == "Triton kernel"
+    assert unit_of("fxcode") == unit_of("job:fx") == "graph" and unit_of("counters") is None
+
+
+def test_capacity_measures_real_kernels_in_redis_and_a_new_machine_reading_them(
+    tmp_path: Path,
+) -> None:
+    # Real builds (a --cpu-only worker cross-compiles the fixture's four GPT kernels), a real
+    # scan of the private Redis, a real new machine (`compileq warm`, empty local caches).
+    out = tmp_path / "out"
+    args = ["--workloads", "none", "--manifests", "tests/fixtures/gpt_head.jsonl"]
+    args += ["--rank-starts", "1", "--idle-s", "2", "--concurrency", "2", "--out", str(out)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.capacity", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((out / "capacity.json").read_text())
+    (run,) = result["workloads"]
+    memory = run["memory"]
+    assert "unclassified" not in memory, memory
+    assert run["cold"]["kernels"] == 4 and run["cold"]["failed"] == 0
+    assert memory["triton"]["keys"] == 4 and memory["triton"]["value_bytes_p50"] > 1000
+    assert (
+        run["stats"]["entries"] == 4
+        and run["stats"]["bytes"] == memory["triton"]["value_bytes_total"]
+    )  # what `compileq stats` counts is what the scan found
+    assert result["per_1000"]["Triton kernel"]["memory_bytes_per_1000"] > 1000 * 1000
+    rank = run["rank_start"]
+    (start,) = run["rank_starts"]
+    assert start["counters"].get("kernel_hits") == 4 and "kernel_misses" not in start["counters"]
+    # The new machine read every kernel's entry, through the bounded read (a GET and a STRLEN
+    # per key inside one script), and nothing of the paused worker's is in its figures.
+    assert rank["bytes_read"] >= memory["triton"]["value_bytes_total"]
+    assert start["commands_by_name"]["get"] == start["commands_by_name"]["strlen"] == 4
+    assert "brpop" not in start["commands_by_name"] and rank["round_trips"] > 0
+    assert result["workloads"][0]["projection"]["rank_starts"] == 8000
+    assert "| kernels:gpt_head |" in (out / "capacity.md").read_text()
