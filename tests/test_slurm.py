@@ -261,13 +261,6 @@ def test_sacct_records_both_jobs_completed_and_the_pool_cancelled(observed: Obse
     }
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="a second SIGTERM's handler runs inside the first's Heartbeat.stop() and can block "
-    "on a lock the first holds (threading.Event.set's, since d0cbd64; Heartbeat._lock before), "
-    "until SIGKILL: py-spy shows it, and `kill -TERM -- -PGID` on a local worker does it too, "
-    "about 1 time in 3",
-)
 def test_scancel_stops_the_pools_worker_gracefully_within_killwait(
     cluster: Cluster, observed: Observed
 ) -> None:

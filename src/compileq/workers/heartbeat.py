@@ -32,6 +32,7 @@ class Heartbeat:
         # the lock when stop() is asked withdraws (see stop()).
         self._lock = threading.Lock()
         self._left = False
+        self._stopping = False
         self._thread = threading.Thread(target=self._run, name="compileq-heartbeat", daemon=True)
 
     def start(self) -> None:
@@ -83,10 +84,15 @@ class Heartbeat:
         Called from signal handlers, which run on the main thread between any two bytecodes:
         a second SIGTERM (Slurm signals every process of a step, and the supervisor forwards
         its own) can arrive inside the first one's withdrawal, and the main thread can be
-        inside a beat (``extend``). Waiting on the lock there deadlocked a worker for good;
-        so stop() only takes the lock when it is free, and a beat holding it withdraws as it
-        ends.
+        inside a beat (``extend``). Waiting on any lock there deadlocked a worker for good;
+        so a repeated stop() returns at once, stop() takes the lock only when it is free, and
+        a beat holding it withdraws as it ends.
         """
+        # A plain flag first: Event.set() takes the event's own lock, which a second signal
+        # arriving inside the first one's set() would wait on forever, like ours.
+        if self._stopping:
+            return
+        self._stopping = True
         self._stop.set()
         if not self._lock.acquire(blocking=False):
             return  # the holder withdraws when it releases (beat) or already is (stop)
