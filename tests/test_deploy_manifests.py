@@ -71,6 +71,9 @@ def test_the_compose_file_requires_the_secret_and_uses_two_redis_instances() -> 
     assert "--maxmemory-policy noeviction" in SERVICES["broker"]["command"]
     assert "--maxmemory-policy allkeys-lru" in SERVICES["cache"]["command"]
     assert "--maxmemory " in SERVICES["cache"]["command"]
+    # Every rank keeps a connection to each: Redis's default of 10,000 clients refuses a
+    # 1,000-node start (docs/DEPLOY.md, Capacity).
+    assert all("--maxclients 65000" in SERVICES[s]["command"] for s in ("broker", "cache"))
 
 
 def test_only_flower_publishes_a_host_port_and_only_on_loopback() -> None:
@@ -133,6 +136,7 @@ def test_kubernetes_redis_has_the_compose_eviction_policies() -> None:
     cache = " ".join(containers["compileq-cache/redis"]["args"])
     assert "--maxmemory-policy noeviction" in broker
     assert "--maxmemory-policy allkeys-lru" in cache and "--maxmemory " in cache
+    assert "--maxclients 65000" in broker and "--maxclients 65000" in cache
     services = {o["metadata"]["name"] for o in k8s_objects() if o["kind"] == "Service"}
     urls = {
         e["value"]
