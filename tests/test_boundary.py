@@ -109,6 +109,20 @@ def test_release_and_refresh_never_touch_a_lease_someone_else_holds(db: redis.Re
     assert release(db, "graph-b", "not the owner") is False
 
 
+def test_a_lease_this_process_holds_is_taken_again_at_once_unless_it_was_lost(
+    db: redis.Redis,
+) -> None:
+    # Inductor looks a graph up a second time inside the compile the first lookup's lease
+    # stands for (AOTAutograd's entry found, its FX graph's gone): that must not wait for itself.
+    leases = Leases(db, ttl_s=30)
+    assert leases.acquire("graph-c") and leases.acquire("graph-c")
+    # Expired and taken by another process meanwhile: no longer ours to take.
+    db.set(keys.lock("graph-c"), b"another owner", px=60_000)
+    assert not leases.acquire("graph-c")
+    leases.release("graph-c")
+    assert db.get(keys.lock("graph-c")) == b"another owner"
+
+
 def test_a_lock_without_an_expiry_is_taken_over_and_reported(db: redis.Redis) -> None:
     db.set(keys.lock("k1"), b"planted")  # no expiry: no compileq lease is ever like this
     db.set(keys.lock("k2"), b"live owner", px=60_000)

@@ -58,6 +58,12 @@ def error_line(proc: subprocess.CompletedProcess[str]) -> str:
         ("COMPILEQ_MAX_ENTRY_BYTES", "-1", "expected a whole number greater than 0"),
         ("COMPILEQ_ENABLED", "maybe", "expected a boolean"),
         ("COMPILEQ_REDIS_URL", "redis://host:notaport/0", "port is a number from 0 to 65535"),
+        (
+            "COMPILEQ_REDIS_URL",
+            "sentinel://a:26379;sentinel://b:x/0",
+            "sentinel 2: expected a port",
+        ),
+        ("COMPILEQ_BROKER_URL", "sentinel://a/0;sentinel://b/1", "the parts name different"),
     ],
 )
 def test_a_wrong_typed_setting_is_one_line_naming_the_variable_and_exit_2(
@@ -69,6 +75,25 @@ def test_a_wrong_typed_setting_is_one_line_naming_the_variable_and_exit_2(
         "CLI: a wrong-typed or malformed COMPILEQ_* value",
         "one 'compileq: error:' line naming the variable, exit 2, no traceback",
         f"{variable}={value!r}: exit 2, {line!r}",
+        0,
+        attacker="none (a setting)",
+    )
+
+
+def test_a_sentinel_url_without_the_masters_name_is_one_line_naming_what_is_missing(
+    tmp_path: Path, reliability: Recorder
+) -> None:
+    url = f"sentinel://:{PASSWORD}@127.0.0.1:26379;sentinel://127.0.0.1:26380/0"
+    line = error_line(cli(tmp_path, "stats", COMPILEQ_REDIS_URL=url))
+    assert line == (
+        "compileq: error: COMPILEQ_SENTINEL_MASTER is not set: COMPILEQ_REDIS_URL names "
+        "Sentinels, which need the name of the master they watch (their `sentinel monitor "
+        "NAME ...`)"
+    ), line
+    reliability.record(
+        "CLI: a sentinel:// Redis URL without COMPILEQ_SENTINEL_MASTER",
+        "one line naming the missing variable, exit 2, no password",
+        f"exit 2, {line!r}",
         0,
         attacker="none (a setting)",
     )

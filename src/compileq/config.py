@@ -6,15 +6,118 @@ import functools
 import os
 import typing
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from redis.connection import parse_url
 
 from compileq._text import printable
 from compileq.errors import ConfigError
+
+SENTINEL_SCHEME = "sentinel://"
+#: Sentinel's own port, kombu's default for a sentinel:// URL without one.
+SENTINEL_PORT = 26379
+#: TLS parameters a sentinel:// URL may carry (redis-py's names); any of them turns TLS on,
+#: for the Sentinels and the Redis servers they name alike.
+_TLS_PARAMS = ("ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
+
+
+def is_sentinel(url: str | None) -> bool:
+    return bool(url) and str(url).startswith(SENTINEL_SCHEME)
+
+
+@dataclass(frozen=True)
+class SentinelUrl:
+    """What a ``sentinel://`` URL says, in kombu's form:
+    ``sentinel://[USER:PASSWORD@]HOST:PORT[;sentinel://HOST:PORT...]/DB[?ssl_...]``.
+
+    The credentials are the Redis servers' (master and replicas), as kombu reads them; the
+    Sentinels themselves are asked without a password. The DB and the query may be written
+    on any one part (kombu's documentation puts them last), or on several that agree.
+    """
+
+    sentinels: tuple[tuple[str, int], ...]
+    db: int
+    userinfo: str  # as written (still percent-encoded), for kombu's URL; "" without one
+    username: str | None
+    password: str | None
+    tls: tuple[tuple[str, str], ...]  # the TLS query parameters, as written
+
+    def kombu_url(self) -> str:
+        """The URL for kombu, which reads credentials and DB from the *first* part only
+        (checked in kombu 5.7's ``Connection``): each part here carries the DB, and the first
+        the credentials. TLS travels as ``broker_use_ssl``, not in the URL."""
+        login = f"{self.userinfo}@" if self.userinfo else ""
+        return ";".join(
+            f"{SENTINEL_SCHEME}{login if i == 0 else ''}{_netloc(host, port)}/{self.db}"
+            for i, (host, port) in enumerate(self.sentinels)
+        )
+
+
+def _netloc(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def parse_sentinel_url(url: str) -> SentinelUrl:
+    """Read a ``sentinel://`` URL; ValueError naming what is wrong, never quoting the URL
+    (it may hold a password)."""
+    sentinels: list[tuple[str, int]] = []
+    dbs: set[int] = set()
+    logins: set[str] = set()
+    tls: dict[str, str] = {}
+    for number, part in enumerate(url.split(";"), 1):
+        where = f"sentinel {number}"
+        if not part.startswith(SENTINEL_SCHEME):
+            raise ValueError(f"{where}: expected sentinel://HOST:PORT (parts joined by ';')")
+        split = urlsplit(part)
+        try:
+            port = split.port or SENTINEL_PORT
+        except ValueError:
+            raise ValueError(f"{where}: expected a port that is a number from 0 to 65535") from None
+        if not split.hostname:
+            raise ValueError(f"{where}: expected a host (sentinel://HOST:PORT)")
+        sentinels.append((split.hostname, port))
+        path = split.path.strip("/")
+        if path:
+            if not path.isdigit():
+                raise ValueError(f"{where}: expected /DB to be a database number")
+            dbs.add(int(path))
+        if "@" in split.netloc:
+            logins.add(split.netloc.rpartition("@")[0])
+        for name, value in parse_qsl(split.query, keep_blank_values=True):
+            if name not in _TLS_PARAMS:
+                raise ValueError(
+                    f"{where}: unknown parameter {name!r} (a sentinel:// URL takes only "
+                    f"{', '.join(_TLS_PARAMS)})"
+                )
+            if tls.setdefault(name, value) != value:
+                raise ValueError(f"{where}: {name} differs from an earlier part's")
+        if split.fragment:
+            raise ValueError(f"{where}: unexpected '#' (percent-encode it in a password)")
+    if len(dbs) > 1:
+        raise ValueError("the parts name different databases; write /DB once, at the end")
+    if len(logins) > 1:
+        raise ValueError("the parts carry different credentials; write USER:PASSWORD@ once")
+    userinfo = next(iter(logins), "")
+    user, _, password = userinfo.partition(":")
+    if tls:
+        # Read as redis-py reads a rediss:// URL's, so a bad value fails here, not later.
+        query = "&".join(f"{k}={v}" for k, v in tls.items())
+        try:
+            parse_url(f"rediss://localhost/0?{query}")  # type: ignore[no-untyped-call]
+        except ValueError as e:
+            raise ValueError(f"expected TLS parameters redis-py can read ({e})") from None
+    return SentinelUrl(
+        sentinels=tuple(sentinels),
+        db=next(iter(dbs), 0),
+        userinfo=userinfo,
+        username=unquote(user) or None,
+        password=unquote(password) if ":" in userinfo else None,
+        tls=tuple(tls.items()),
+    )
 
 
 class Settings(BaseSettings):
@@ -60,6 +163,14 @@ class Settings(BaseSettings):
         False,
         description="Generate FX graphs' code on workers (`compileq run` turns it on; see --no-fx).",
     )
+    # Declared after the URLs: its validator reads them, and pydantic validates in this order.
+    # validate_default: an unset master is exactly the mistake to catch.
+    sentinel_master: str | None = Field(
+        None,
+        validate_default=True,
+        description="Name of the master the Sentinels watch (`sentinel monitor NAME ...`); "
+        "required when a URL is sentinel://.",
+    )
 
     @field_validator("redis_url", "broker_url")
     @classmethod
@@ -69,8 +180,14 @@ class Settings(BaseSettings):
         # setting's error now, not a ValueError from deep inside the first connection.
         if value is None:
             return value
+        if value.startswith(SENTINEL_SCHEME):
+            parse_sentinel_url(value)
+            return value
         if not value.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("expected a redis://, rediss:// or unix:// URL")
+            raise ValueError(
+                "expected a redis://, rediss:// or unix:// URL, or the Sentinels' "
+                "sentinel://HOST:PORT[;sentinel://HOST:PORT...]/DB"
+            )
         try:
             _ = urlsplit(value).port  # raises on a port that is no number or out of range
         except ValueError:
@@ -81,6 +198,23 @@ class Settings(BaseSettings):
             parse_url(value)  # type: ignore[no-untyped-call]  # unannotated in redis-py
         except ValueError as e:  # its query arguments: "Invalid value for 'db' in ..."
             raise ValueError(f"expected a Redis URL redis-py can read ({e})") from None
+        return value
+
+    @field_validator("sentinel_master")
+    @classmethod
+    def _master_named(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("expected the name of the master the Sentinels watch, not blank")
+        if value is None:
+            # A URL that failed its own validation is absent here: its error says enough.
+            urls = [info.data.get("redis_url"), info.data.get("broker_url")]
+            names = ["COMPILEQ_REDIS_URL", "COMPILEQ_BROKER_URL"]
+            sentinel = [n for n, u in zip(names, urls, strict=True) if is_sentinel(u)]
+            if sentinel:
+                raise ValueError(
+                    f"{' and '.join(sentinel)} names Sentinels, which need the name of the "
+                    "master they watch (their `sentinel monitor NAME ...`)"
+                )
         return value
 
     @property
@@ -114,8 +248,15 @@ def redact(url: str) -> str:
     Safe on malformed URLs too, since those are the ones error messages show: an ``@`` that
     did not land in the netloc (a password holding ``/``, ``?`` or ``#``, or no ``//``) hides
     everything before it, and a port that is no number (``redis://user:password/0``, the
-    ``@host`` forgotten) is hidden, as it may be the password.
+    ``@host`` forgotten) is hidden, as it may be the password. A Sentinel URL is redacted
+    part by part: each ``;``-separated sentinel may carry credentials.
     """
+    if url.startswith(SENTINEL_SCHEME) and ";" in url:
+        return ";".join(_redact_one(part) for part in url.split(";"))
+    return _redact_one(url)
+
+
+def _redact_one(url: str) -> str:
     parts = urlsplit(url)
     if "@" in url and "@" not in parts.netloc:
         head, sep, _ = url.partition("://")
@@ -171,7 +312,7 @@ def _expected(name: str, error: Mapping[str, Any]) -> str:
 
 def _shown(name: str, value: Any) -> str:
     """A setting's bad value for a message: secrets never, URLs without their password."""
-    if name == "secret":
+    if name == "secret" or value is None:
         return ""
     if name in _URL_FIELDS and isinstance(value, str):
         return f"={printable(repr(redact(value)), 80)}"
@@ -195,7 +336,9 @@ def settings_error(
         name = str(loc[0])
         label = given_as.get(name, f"COMPILEQ_{name.upper()}")
         shown = _shown(name, detail.get("input"))
-        parts.append(f"{label}{shown} is not valid: {_expected(name, detail)}")
+        # None reaches a validator only as a default: the setting was left out.
+        verdict = "is not set" if detail.get("input") is None else "is not valid"
+        parts.append(f"{label}{shown} {verdict}: {_expected(name, detail)}")
     return ConfigError("; ".join(parts))
 
 
@@ -230,6 +373,8 @@ def env_overrides(settings: Settings) -> dict[str, str]:
     env = {"COMPILEQ_REDIS_URL": settings.redis_url}
     if settings.broker_url:
         env["COMPILEQ_BROKER_URL"] = settings.broker_url
+    if settings.sentinel_master:
+        env["COMPILEQ_SENTINEL_MASTER"] = settings.sentinel_master
     if settings.secret is not None:
         env["COMPILEQ_SECRET"] = settings.secret.get_secret_value()
     return env

@@ -45,6 +45,11 @@ DOCTOR = f"{PREFIX}:doctor:"
 BROKER_DOCTOR = f"{PREFIX}:broker:doctor:"
 #: kombu's ``global_keyprefix``: the broker's queues and bookkeeping.
 BROKER = f"{PREFIX}:broker:"
+#: The Sentinel master ``compileq doctor`` saw last (hash: master address, config epoch,
+#: time): ``compileq:sentinel:<master name>``, and its broker twin; a later run that finds
+#: another master names the failover.
+SENTINEL = f"{PREFIX}:sentinel:"
+BROKER_SENTINEL = f"{BROKER}sentinel:"
 
 #: Celery queues: ``compileq.triton.<toolchain digest>.<target>``.
 QUEUE_PREFIX = "compileq.triton."

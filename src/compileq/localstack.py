@@ -21,6 +21,7 @@ from pathlib import Path
 import redis
 
 from compileq.config import Settings, child_env
+from compileq.connect import redis_client
 from compileq.errors import CompileqError
 from compileq.tasks import liveness
 
@@ -105,7 +106,7 @@ def start_worker(
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    client = redis.Redis.from_url(settings.redis_url)
+    client = redis_client(settings.redis_url, settings)  # a redis:// or sentinel:// URL
     deadline = time.monotonic() + timeout_s
     # Every queue: a worker beats as soon as it takes kernel work, and says which queues are
     # still to join (workers.late_fx); callers here want the whole worker.

@@ -8,14 +8,16 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from compileq import keys
 from compileq._log import log, warn_once
 from compileq.cache.counters import Counter, incr, incr_queues
 from compileq.cache.envelope import decompress, seal, verify
 from compileq.config import Settings
+
+# Re-exported: where callers have always found it. It lives in compileq.connect, which knows
+# both kinds of URL (redis:// and the Sentinels' sentinel://).
+from compileq.connect import redis_client as redis_client
 from compileq.errors import EntryTooLarge, ForeignSecret, IntegrityError
 
 # Delete an entry only if it still holds the bytes we judged bad: between our read and the
@@ -78,25 +80,6 @@ return n
 """
 #: The hashes ``count`` writes to.
 _COUNTER_KEYS = (keys.STATS, keys.QUEUE_STATS, keys.FALLBACK_REASONS)
-
-
-def redis_client(url: str, settings: Settings) -> redis.Redis:
-    """A client with bounded timeouts: a dead Redis must cost seconds, never a hang.
-
-    redis-py's default retries every timeout three times with backoff, which turned one
-    partitioned call into ~30 s (measured on the black-holed link that
-    tests/test_partition.py makes): the timeouts configured here would have been a quarter
-    of the truth. One immediate retry on a connection error still heals a connection that a
-    Redis restart closed; a timeout is not retried, since against a partition a second wait
-    only doubles the stall.
-    """
-    return redis.Redis.from_url(
-        url,
-        socket_connect_timeout=settings.connect_timeout_s,
-        socket_timeout=max(settings.connect_timeout_s, 5.0),
-        health_check_interval=30,
-        retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
-    )
 
 
 @dataclass(frozen=True)

@@ -14,14 +14,16 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import redis
+from redis.sentinel import MasterNotFoundError
 
 from compileq import keys
 from compileq._text import printable
 from compileq.cache.counters import Counter, Reason, read_counters, read_fallback_reasons
 from compileq.cache.store import redis_client
-from compileq.config import Settings, redact
+from compileq.config import Settings, is_sentinel, parse_sentinel_url, redact
 from compileq.errors import CompileqError, ConfigError
 from compileq.fingerprint import Target, differences, flatten
+from compileq.ops import sentinel
 from compileq.tasks import liveness
 from compileq.tasks.probe import check_probe
 
@@ -51,8 +53,20 @@ class Check:
 def run(settings: Settings, targets: list[Target] | None) -> list[Check]:
     checks: list[Check] = []
     cache = _redis_check(checks, "cache redis", settings.redis_url, settings, keys.DOCTOR)
+    if is_sentinel(settings.redis_url):
+        checks.append(
+            _sentinel_check("cache sentinel", settings.redis_url, settings, cache, keys.SENTINEL)
+        )
     if settings.broker_url and settings.broker_url != settings.redis_url:
-        _redis_check(checks, "broker redis", settings.broker_url, settings, keys.BROKER_DOCTOR)
+        broker = _redis_check(
+            checks, "broker redis", settings.broker_url, settings, keys.BROKER_DOCTOR
+        )
+        if is_sentinel(settings.broker_url):
+            checks.append(
+                _sentinel_check(
+                    "broker sentinel", settings.broker_url, settings, broker, keys.BROKER_SENTINEL
+                )
+            )
     else:
         checks.append(
             Check(
@@ -86,6 +100,8 @@ def _redis_check(
     checks: list[Check], name: str, url: str, settings: Settings, prefix: str
 ) -> redis.Redis | None:
     shown = redact(url)
+    if is_sentinel(url):
+        shown = f"{shown} (master {settings.sentinel_master!r})"
     client = redis_client(url, settings)
     try:
         started = time.perf_counter()
@@ -118,6 +134,18 @@ def _redis_check(
             )
         )
         return None
+    except MasterNotFoundError as e:
+        checks.append(
+            Check(
+                name,
+                FAIL,
+                f"{shown}: no master ({e})",
+                "start the Sentinels, check that the URL lists them (sentinel://HOST:PORT;...) "
+                "and that COMPILEQ_SENTINEL_MASTER is the NAME of their `sentinel monitor "
+                "NAME ...`; during a failover, try again in a few seconds",
+            )
+        )
+        return None
     except redis.RedisError as e:
         checks.append(
             Check(
@@ -131,6 +159,67 @@ def _redis_check(
         return None
     checks.append(Check(name, OK, f"{shown} answers and accepts writes ({rtt_ms:.1f} ms)"))
     return client
+
+
+def _sentinel_check(
+    name: str, url: str, settings: Settings, client: redis.Redis | None, record: str
+) -> Check:
+    """The Sentinels' view of the master: where it is, who could replace it, and whether it
+    was replaced (ops/sentinel.py). ``client``: the master, when its check passed, where the
+    master doctor saw last is recorded under ``record`` + the master's name."""
+    view = sentinel.observe(parse_sentinel_url(url), settings)
+    if view.master is None:
+        if view.unknown:
+            return Check(
+                name,
+                FAIL,
+                f"the Sentinels watch no master named {view.name!r}: " + "; ".join(view.unknown),
+                "set COMPILEQ_SENTINEL_MASTER to the NAME of their `sentinel monitor NAME host "
+                "port quorum`",
+            )
+        return Check(
+            name,
+            FAIL,
+            "no Sentinel answered: " + "; ".join(view.errors),
+            "start the Sentinels, or list the right ones in the URL (sentinel://HOST:PORT;...)",
+        )
+    changed = sentinel.Failover("", False)
+    if client is not None:
+        try:
+            changed = sentinel.failover(client, record + view.name, view)
+        except redis.RedisError as e:  # the master went away meanwhile: say what is known
+            changed = sentinel.Failover(f"failover record not read ({e})", False)
+    problems = []
+    if len(view.masters) > 1:
+        problems.append(
+            "the Sentinels disagree on the master ("
+            + ", ".join(f"{a} by {n}" for a, n in view.masters.items())
+            + "): a failover is under way or they are partitioned"
+        )
+    if view.down:
+        problems.append("the master is down (o_down): a failover is due")
+    if view.errors or view.unknown:
+        problems.append(
+            "not answering or not watching it: " + "; ".join(view.errors + view.unknown)
+        )
+    if len(view.answered) - len(view.unknown) < view.quorum:
+        problems.append(f"fewer Sentinels answer than the quorum ({view.quorum}): no failover")
+    if "ok" not in view.replicas.values():
+        problems.append("no healthy replica: a failover would have nothing to promote")
+    detail = "; ".join(p for p in (sentinel.describe(view), changed.text, *problems) if p)
+    hints = []
+    if changed.new:
+        hints.append(
+            "after a failover: entries written just before it may be lost (replication is "
+            "asynchronous) and a client's next miss rebuilds them; restart the old master and "
+            "the Sentinels make it a replica"
+        )
+    if problems:
+        hints.append(
+            "run three Sentinels on separate hosts, at least one replica in sync, and list "
+            "every Sentinel in the URL (docs/DEPLOY.md, Redis high availability)"
+        )
+    return Check(name, WARN if hints else OK, detail, "; ".join(hints))
 
 
 # -- secret -----------------------------------------------------------------------------------

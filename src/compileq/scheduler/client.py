@@ -108,6 +108,9 @@ class KernelClient:
         self._app = client_app(settings)
         self._lock = threading.Lock()
         self._flights: dict[str, _Flight] = {}
+        #: Keys whose lease this client holds but could not release while Redis was down:
+        #: released once Redis answers again (see release_orphans).
+        self._orphans: set[str] = set()
         self._down_until = 0.0
         self._closed = threading.Event()
         self._subscribed = threading.Event()
@@ -143,6 +146,31 @@ class KernelClient:
 
     def redis_failed(self, error: Exception) -> None:
         self._redis_failed(error)
+
+    def orphan_lease(self, key: str) -> None:
+        """``key``'s lease is ours, but Redis failed before we could release it."""
+        with self._lock:
+            self._orphans.add(key)
+
+    def release_orphans(self) -> None:
+        """Hand back the leases Redis failure kept us from releasing, now that it answers.
+
+        Without this, after a failover (whose replica holds our leases: they were
+        replicated) or a Redis restart with its data, every other client asking for those
+        keys would wait out their expiry, a whole deadline, before building them.
+        """
+        with self._lock:
+            if not self._orphans:
+                return
+            orphans, self._orphans = self._orphans, set()
+        left = set(orphans)
+        try:
+            for key in orphans:
+                leases.release(self._redis, key, self._id)  # owner-checked: never another's
+                left.discard(key)
+        except redis.RedisError:
+            with self._lock:
+                self._orphans |= left
 
     def submit(self, job: TritonJob, extra_env: dict[str, str] | None = None) -> Future[Built]:
         return self.submit_many([(job, extra_env or {})])[0]
@@ -343,7 +371,10 @@ class KernelClient:
             self._fail(flight, error)
             return
         payload, seconds = future.result()
-        if time.monotonic() >= self._down_until:
+        if time.monotonic() < self._down_until:
+            if flight.owner:
+                self.orphan_lease(flight.key)
+        else:
             try:
                 wrote = self._store.put(flight.key, payload)
                 self._store.count(
@@ -355,6 +386,8 @@ class KernelClient:
             except EntryTooLarge as e:
                 warn_once("too-large", "compileq: %s; kept local only", e)
             except redis.RedisError as e:
+                if flight.owner:
+                    self.orphan_lease(flight.key)
                 self._redis_failed(e)
         self._resolve(flight, Built(flight.key, payload, Outcome.LOCAL))
 
@@ -371,12 +404,16 @@ class KernelClient:
 
     def _release(self, flight: _Flight, done: events.Done) -> None:
         if time.monotonic() < self._down_until:
+            if flight.owner:
+                self.orphan_lease(flight.key)
             return
         try:
             if flight.owner:
                 leases.release(self._redis, flight.key, self._id)
             events.announce(self._redis, done)
         except redis.RedisError as e:
+            if flight.owner:
+                self.orphan_lease(flight.key)
             self._redis_failed(e)
 
     # -- waiting ------------------------------------------------------------------------------
@@ -428,6 +465,7 @@ class KernelClient:
                     self._settle(done)
                 if time.monotonic() - last_poll >= _POLL_S:
                     last_poll = time.monotonic()
+                    self.release_orphans()  # Redis answers (again): hand back what we hold
                     self._poll()
             except redis.RedisError as e:
                 pubsub = None

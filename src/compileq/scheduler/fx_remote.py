@@ -182,6 +182,7 @@ def choose_route(gm: Any, example_inputs: Sequence[Any]) -> Route:
         raise Fallback("fx-off", "remote FX codegen is not set up in this process")
     if client.redis_down():
         raise Fallback("fx-redis", f"Redis at {client.settings.redis_display} is down")
+    client.release_orphans()  # Redis may be back from a failure that kept us from releasing
     gpu, cpu, index = graph_devices(gm, example_inputs)
     if index:
         from torch._inductor import config
@@ -213,6 +214,7 @@ def run_remote(client: KernelClient, job: FxJob, queue: str) -> bytes:
     store, settings = client.store, client.settings
     key = job.key()
     deadline = time.monotonic() + settings.deadline_s
+    leased = False
     try:
         entry = store.get_many([key])[0]
         if entry is not None:  # this very input was generated before (by anyone)
@@ -230,7 +232,8 @@ def run_remote(client: KernelClient, job: FxJob, queue: str) -> bytes:
             # holds it no longer than a wait would last.
             lease_ms = (int(settings.deadline_s) + 1) * 1000
             stale = lambda n: store.count({Counter.STALE_LEASES: n})  # noqa: E731
-            if leases.take_many(store.client, [key], client.client_id, lease_ms, stale)[0]:
+            leased = leases.take_many(store.client, [key], client.client_id, lease_ms, stale)[0]
+            if leased:
                 ttl = settings.visibility_timeout_s * 2  # as kernel jobs: a job outlives its wait
                 sealed = store.seal(keys.job(key), job.to_bytes())
                 store.client.set(keys.job(key), sealed, ex=ttl)
@@ -243,6 +246,8 @@ def run_remote(client: KernelClient, job: FxJob, queue: str) -> bytes:
         finally:
             pubsub.close()
     except redis.RedisError as e:
+        if leased:  # else the next client waits out the lease's expiry, a whole deadline
+            client.orphan_lease(key)
         client.redis_failed(e)
         raise Fallback("fx-redis", f"Redis failed ({e})") from e
     except EntryTooLarge as e:

@@ -105,10 +105,20 @@ class Leases:
         self._thread: threading.Thread | None = None
 
     def acquire(self, key: str) -> bool:
-        if not take_many(self._client, [key], self.owner, self._ttl_ms, self._on_stale)[0]:
+        # A lease this process holds already is its own to use again, as long as Redis says
+        # it is still ours (one that expired and was taken meanwhile is not). Inductor looks
+        # a graph up twice when AOTAutograd's entry is found but the FX graph it names is not
+        # (lost in a Redis failover, or evicted): the second lookup, inside the compile the
+        # first one's lease stands for, must not wait out the deadline for itself.
+        with self._lock:
+            ours = key in self._held
+        if (
+            not (ours and self._refresh_one(keys=[keys.lock(key)], args=[self.owner, self._ttl_ms]))
+            and not take_many(self._client, [key], self.owner, self._ttl_ms, self._on_stale)[0]
+        ):
             return False
         with self._lock:
-            self._held[key] = time.monotonic()
+            self._held.setdefault(key, time.monotonic())
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._refresh, name="compileq-leases", daemon=True

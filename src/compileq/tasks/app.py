@@ -7,7 +7,8 @@ from typing import Any
 from celery import Celery
 
 from compileq import keys
-from compileq.config import Settings, get_settings
+from compileq.config import Settings, get_settings, is_sentinel, parse_sentinel_url
+from compileq.connect import master_name, sentinel_options
 
 COMPILE_TRITON = "compileq.compile_triton"
 COMPILE_FX = "compileq.compile_fx"
@@ -15,18 +16,9 @@ COMPILE_FX = "compileq.compile_fx"
 
 def celery_config(settings: Settings) -> dict[str, Any]:
     return {
-        "broker_url": settings.broker,
         "broker_connection_timeout": settings.connect_timeout_s,
         "broker_connection_retry_on_startup": True,
-        "broker_transport_options": {
-            "visibility_timeout": settings.visibility_timeout_s,
-            "global_keyprefix": keys.BROKER,
-            "socket_connect_timeout": settings.connect_timeout_s,
-            # Without it kombu waits forever for the reply to a publish on a connection a
-            # partition left half-open, and the client's deadline never gets to act. Above
-            # kombu's 1 s BRPOP timeout, so idle workers are not disturbed.
-            "socket_timeout": max(settings.connect_timeout_s, 5.0),
-        },
+        **_broker(settings),
         # Messages carry keys and small JSON only; artifacts travel through the store. pickle
         # is refused so that broker write access alone never means code execution on a worker.
         "task_serializer": "json",
@@ -51,6 +43,36 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_hijack_root_logger": False,
         "worker_send_task_events": False,
     }
+
+
+def _broker(settings: Settings) -> dict[str, Any]:
+    """The broker's URL and transport options; for Sentinel, kombu's sentinel transport.
+
+    kombu's sentinel channel asks the Sentinels for the master on every new connection, so a
+    worker whose broker connection died in a failover reconnects (Celery's connection retry)
+    to the promoted replica. No result backend is configured (``task_ignore_result``), so
+    there is no second connection needing the master's name.
+    """
+    options: dict[str, Any] = {
+        "visibility_timeout": settings.visibility_timeout_s,
+        "global_keyprefix": keys.BROKER,
+        "socket_connect_timeout": settings.connect_timeout_s,
+        # Without it kombu waits forever for the reply to a publish on a connection a
+        # partition left half-open, and the client's deadline never gets to act. Above
+        # kombu's 1 s BRPOP timeout, so idle workers are not disturbed.
+        "socket_timeout": max(settings.connect_timeout_s, 5.0),
+    }
+    if not is_sentinel(settings.broker):
+        return {"broker_url": settings.broker, "broker_transport_options": options}
+    target = parse_sentinel_url(settings.broker)
+    options["master_name"] = master_name(settings)
+    options["sentinel_kwargs"] = sentinel_options(target, settings)
+    config: dict[str, Any] = {"broker_url": target.kombu_url(), "broker_transport_options": options}
+    if target.tls:
+        # kombu takes TLS for the master from here (its sentinel URL has no TLS form) and
+        # then connects with redis-py's SentinelManagedSSLConnection.
+        config["broker_use_ssl"] = dict(target.tls)
+    return config
 
 
 #: The workers' app (tasks register on it), configured from the environment the supervisor

@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import cast
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from compileq._log import log, warn_once
 from compileq.config import Settings, redact
+from compileq.connect import redis_client
 
 
 def is_full(error: BaseException) -> bool:
@@ -35,11 +34,8 @@ def warn_if_evicting(settings: Settings) -> None:
     ACLs may refuse (managed Redis often does): then there is nothing to say.
     """
     # No retries: this runs on a worker's start, which an unreachable broker must not stall.
-    client = redis.Redis.from_url(
-        settings.broker,
-        socket_connect_timeout=settings.connect_timeout_s,
-        socket_timeout=settings.connect_timeout_s,
-        retry=Retry(NoBackoff(), 0),
+    client = redis_client(
+        settings.broker, settings, retries=0, socket_timeout_s=settings.connect_timeout_s
     )
     try:
         config = cast("dict[bytes | str, bytes | str]", client.config_get("maxmemory-policy"))
