@@ -19,6 +19,9 @@ for run in "gpu-cold --gpus all" "gpu-warm --gpus all" "cpu-cold --cpu-only --ar
   pid=$!
   until [ -n "$(redis-cli --scan --pattern 'compileq:worker:*' | head -1)" ]; do sleep 0.1; done
   echo "$name: $(python3 -c "import time; print(round(time.time() - $start, 1))") s to the first heartbeat"
-  sleep 6; grep -h "ready \|listed by\|joined" $OUT/worker-$name.log | sed 's/.*compileq worker/worker/'
+  # Then every queue: the CPU FX queues join once the ISA probes end (workers/late_fx.py).
+  n=0; until grep -q "joined" $OUT/worker-$name.log || [ $n -gt 900 ]; do sleep 0.1; n=$((n+1)); done
+  echo "$name: $(python3 -c "import time; print(round(time.time() - $start, 1))") s to every queue"
+  grep -h "ready \|listed by\|joined" $OUT/worker-$name.log | sed 's/.*compileq worker/worker/'
   kill -TERM $pid; sleep 5; pkill -9 -f compileq.workers.process; redis-cli --scan --pattern 'compileq:worker*' | xargs -r redis-cli del >/dev/null
 done
