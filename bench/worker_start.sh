@@ -17,7 +17,7 @@ for run in "gpu-cold --gpus all" "gpu-warm --gpus all" "cpu-cold --cpu-only --ar
   start=$(date +%s.%N)
   XDG_CACHE_HOME=/tmp/xdg TORCHINDUCTOR_CACHE_DIR=/tmp/wcache setsid python3 -m compileq.cli worker "$@" --concurrency 4 > $OUT/worker-$name.log 2>&1 &
   pid=$!
-  until [ -n "$(redis-cli --scan --pattern 'compileq:worker:*' | head -1)" ]; do sleep 0.1; done
+  n=0; until [ -n "$(redis-cli --scan --pattern 'compileq:worker:*' | head -1)" ] || [ $n -gt 1800 ]; do sleep 0.1; n=$((n+1)); done
   echo "$name: $(python3 -c "import time; print(round(time.time() - $start, 1))") s to the first heartbeat"
   # Then every queue: the CPU FX queues join once the ISA probes end (workers/late_fx.py).
   n=0; until grep -q "joined" $OUT/worker-$name.log || [ $n -gt 900 ]; do sleep 0.1; n=$((n+1)); done
