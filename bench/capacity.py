@@ -42,7 +42,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -52,6 +52,7 @@ import redis
 from bench.harness import COMPILEQ, ROOT, CacheDirs, Cluster, new_workdir, run_once
 from bench.scenarios import _warm as warm_manifest
 from compileq import keys
+from compileq.cache.store import batched
 
 T = TypeVar("T")
 
@@ -186,22 +187,11 @@ class KindMemory:
         }
 
 
-def _batches(items: Iterable[T], n: int) -> Iterable[list[T]]:
-    batch: list[T] = []
-    for item in items:
-        batch.append(item)
-        if len(batch) == n:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
-
 def scan_memory(client: redis.Redis) -> dict[str, KindMemory]:
     """Every key of the database by kind. SCAN, then one pipeline per 1,000 keys: an offline
     measurement (it walks the whole keyspace), never something compileq's own paths do."""
     kinds: dict[str, KindMemory] = {}
-    for batch in _batches(client.scan_iter(count=1000), 1000):
+    for batch in batched(client.scan_iter(count=1000), 1000):
         pipe = client.pipeline(transaction=False)
         for key in batch:
             pipe.type(key)

@@ -51,8 +51,9 @@ def main() -> None:
     from torch._inductor.runtime.compile_tasks import _worker_compile_triton
 
     import compileq
-    from compileq.cache.store import RedisStore, redis_client
+    from compileq.cache.store import RedisStore
     from compileq.config import Settings
+    from compileq.connect import redis_client
     from compileq.fingerprint import local_toolchain
     from compileq.scheduler.inductor import inductor_extra_config
     from compileq.tasks.jobs import TritonJob

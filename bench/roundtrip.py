@@ -16,8 +16,9 @@ from typing import Any
 import redis
 
 from compileq import keys
-from compileq.cache.store import RedisStore, redis_client
+from compileq.cache.store import RedisStore
 from compileq.config import Settings
+from compileq.connect import redis_client
 from compileq.tasks import events
 from compileq.tasks.app import COMPILE_TRITON, client_app
 

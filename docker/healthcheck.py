@@ -8,7 +8,7 @@ from __future__ import annotations
 import socket
 import sys
 
-from compileq.cache.store import redis_client
+from compileq.connect import redis_client
 from compileq.config import get_settings
 from compileq.tasks.liveness import workers_info
 

@@ -10,6 +10,8 @@ import json
 import os
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -42,6 +44,22 @@ def require_docker(what: str) -> None:
         if os.environ.get("CI"):
             pytest.fail(f"{what} must run in CI: {reason}")
         pytest.skip(reason)
+
+
+STACK = Path(__file__).resolve().parents[1] / "docker" / "stack.sh"
+
+
+def build_images(target: str) -> None:
+    """``docker/stack.sh TARGET`` (``build``, ``build-slurm``): Docker's layer cache makes a
+    second call cheap, and a code change rebuilds only compileq's last layers."""
+    build = subprocess.run(
+        [str(STACK), target],
+        env={**os.environ, "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
+    assert build.returncode == 0, build.stderr[-4000:]
 
 
 def json_line(text: str) -> dict[str, Any]:

@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,10 +22,9 @@ from typing import Any
 
 import pytest
 
-from tests.docker_engine import json_line, require_docker
+from tests.docker_engine import STACK, build_images, json_line, require_docker
 
 ROOT = Path(__file__).parents[1]
-STACK = ROOT / "docker" / "stack.sh"
 CLUSTER = ROOT / "docker" / "slurm" / "compose.yml"
 DEPLOY_MD = ROOT / "docs" / "DEPLOY.md"
 NODES = ("c1", "c2", "c3", "c4", "c5")
@@ -96,14 +94,7 @@ class Cluster:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     require_docker("the Slurm test")
-    build = subprocess.run(
-        [str(STACK), "build-slurm"],
-        env={**os.environ, "PYTHON": sys.executable},
-        capture_output=True,
-        text=True,
-        timeout=1500,
-    )
-    assert build.returncode == 0, build.stderr[-4000:]
+    build_images("build-slurm")
     home = tmp_path_factory.mktemp("slurm-home")
     key = tmp_path_factory.mktemp("slurm-munge") / "munge.key"
     key.write_bytes(os.urandom(1024))  # one key for the whole cluster, made for this run only

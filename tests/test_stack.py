@@ -10,17 +10,15 @@ from __future__ import annotations
 import os
 import secrets
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.docker_engine import json_line, require_docker
+from tests.docker_engine import STACK, build_images, json_line, require_docker
 
 ROOT = Path(__file__).parents[1]
-STACK = ROOT / "docker" / "stack.sh"
 
 Compose = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -28,14 +26,7 @@ Compose = Callable[..., subprocess.CompletedProcess[str]]
 @pytest.fixture(scope="module")
 def compose() -> Iterator[Compose]:
     require_docker("the stack test")
-    build = subprocess.run(
-        [str(STACK), "build"],
-        env={**os.environ, "PYTHON": sys.executable},
-        capture_output=True,
-        text=True,
-        timeout=1500,
-    )
-    assert build.returncode == 0, build.stderr[-4000:]
+    build_images("build")
     env = {**os.environ, "COMPILEQ_SECRET": secrets.token_hex(32)}
     project = f"compileq-test-{os.getpid()}"
 

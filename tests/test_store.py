@@ -9,8 +9,9 @@ import redis
 
 from compileq import keys
 from compileq.cache.counters import read_counters
-from compileq.cache.store import RedisStore, redis_client
+from compileq.cache.store import RedisStore
 from compileq.config import Settings
+from compileq.connect import redis_client
 from compileq.errors import ConfigError, EntryTooLarge
 from tests.reliability import Recorder
 

@@ -96,7 +96,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_stats(args: argparse.Namespace) -> int:
     from compileq.cache.counters import reset_counters
     from compileq.cache.stats import render, snapshot
-    from compileq.cache.store import RedisStore, redis_client
+    from compileq.cache.store import RedisStore
+    from compileq.connect import redis_client
 
     settings = _settings(args)
     store = RedisStore(redis_client(settings.redis_url, settings), settings)
@@ -125,7 +126,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from compileq.cache.store import redis_client
+    from compileq.connect import redis_client
     from compileq.ops import explain
 
     settings = _settings(args)

@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from compileq.cache.stats import snapshot
-from compileq.cache.store import RedisStore, redis_client
+from compileq.cache.store import RedisStore
 from compileq.config import Settings, child_env, get_settings
+from compileq.connect import redis_client
 from compileq.errors import DemoError
 from compileq.localstack import private_redis, start_worker, stop
 

@@ -2,7 +2,7 @@
 
 from compileq.cache.counters import Counter, read_counters, reset_counters
 from compileq.cache.envelope import open_sealed, seal
-from compileq.cache.store import RedisStore, Store, redis_client
+from compileq.cache.store import RedisStore, Store
 
 __all__ = [
     "Counter",
@@ -10,7 +10,6 @@ __all__ = [
     "Store",
     "open_sealed",
     "read_counters",
-    "redis_client",
     "reset_counters",
     "seal",
 ]

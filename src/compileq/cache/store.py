@@ -5,7 +5,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import redis
 
@@ -14,11 +14,9 @@ from compileq._log import log, warn_once
 from compileq.cache.counters import Counter, incr, incr_queues
 from compileq.cache.envelope import decompress, seal, verify
 from compileq.config import Settings
-
-# Re-exported: where callers have always found it. It lives in compileq.connect, which knows
-# both kinds of URL (redis:// and the Sentinels' sentinel://).
-from compileq.connect import redis_client as redis_client
 from compileq.errors import EntryTooLarge, ForeignSecret, IntegrityError
+
+T = TypeVar("T")
 
 # Delete an entry only if it still holds the bytes we judged bad: between our read and the
 # delete another client may have replaced it with a good one, and a plain DEL would lose it.
@@ -262,7 +260,7 @@ class RedisStore(Store):
         # Counted by SCAN rather than kept as counters: TTLs and LRU eviction remove entries
         # without telling anyone, so maintained counters would drift. O(entries), admin-only.
         entries = size = 0
-        for batch in _batched(self.client.scan_iter(match=keys.ARTIFACT + "*", count=1000), 1000):
+        for batch in batched(self.client.scan_iter(match=keys.ARTIFACT + "*", count=1000), 1000):
             pipe = self.client.pipeline(transaction=False)
             for key in batch:
                 pipe.strlen(key)
@@ -272,8 +270,9 @@ class RedisStore(Store):
         return entries, size
 
 
-def _batched(items: Iterable[bytes], n: int) -> Iterator[list[bytes]]:
-    batch: list[bytes] = []
+def batched(items: Iterable[T], n: int) -> Iterator[list[T]]:
+    """``items`` in lists of ``n`` (the last one shorter): SCAN results, pipelined per list."""
+    batch: list[T] = []
     for item in items:
         batch.append(item)
         if len(batch) == n:

@@ -19,8 +19,8 @@ from redis.sentinel import MasterNotFoundError
 from compileq import keys
 from compileq._text import printable
 from compileq.cache.counters import Counter, Reason, read_counters, read_fallback_reasons
-from compileq.cache.store import redis_client
 from compileq.config import Settings, is_sentinel, parse_sentinel_url, redact
+from compileq.connect import redis_client
 from compileq.errors import CompileqError, ConfigError
 from compileq.fingerprint import Target, differences, flatten
 from compileq.ops import sentinel

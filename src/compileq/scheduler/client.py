@@ -27,8 +27,9 @@ from compileq import keys
 from compileq._log import first_time, log, warn_once
 from compileq.cache import meta
 from compileq.cache.counters import Counter, Reason, fallback
-from compileq.cache.store import Entry, RedisStore, redis_client
+from compileq.cache.store import Entry, RedisStore
 from compileq.config import Settings, redact
+from compileq.connect import redis_client
 from compileq.errors import CompileqError, EntryTooLarge
 from compileq.scheduler import boundary, leases
 from compileq.scheduler.local import LocalBuilder

@@ -79,8 +79,9 @@ def main(argv: list[str] | None = None) -> int:
 
     cuda_fork.prefer_nvml()
     cuda_fork.watch()
-    from compileq.cache.store import RedisStore, redis_client
+    from compileq.cache.store import RedisStore
     from compileq.config import get_settings
+    from compileq.connect import redis_client
     from compileq.fingerprint import (
         Target,
         fx_target,
