@@ -163,6 +163,11 @@ class Settings(BaseSettings):
         False,
         description="Generate FX graphs' code on workers (`compileq run` turns it on; see --no-fx).",
     )
+    speculate: bool = Field(
+        True,
+        description="With fx: send a training graph's backward to the workers when AOTAutograd "
+        "partitions it, beside its forward, not at its first backward call.",
+    )
     # Declared after the URLs: its validator reads them, and pydantic validates in this order.
     # validate_default: an unset master is exactly the mistake to catch.
     sentinel_master: str | None = Field(

@@ -21,6 +21,8 @@ class Counter(str, enum.Enum):
     FX_MISSES = "fx_misses"
     FX_REMOTE_COMPILES = "fx_remote_compiles"
     FX_LOCAL_COMPILES = "fx_local_compiles"
+    #: Backward graphs whose codegen job was sent when AOTAutograd partitioned them.
+    FX_SENT_AHEAD = "fx_sent_ahead"
     AOT_HITS = "aot_hits"
     AOT_MISSES = "aot_misses"
     CPP_HITS = "cpp_hits"

@@ -55,9 +55,18 @@ def record_entry(key: str, record: dict[str, Any], ttl_s: int | None) -> Record:
     return queue
 
 
-def record_build_time(kind: str, key: str, name: str, seconds: float, by: str) -> Record:
-    """Add a build to the capped ``compileq:slow:<kind>`` set (the slowest ``SLOW_LEN`` stay)."""
-    member = json.dumps({"name": name, "key": key, "by": by}, sort_keys=True)
+def record_build_time(
+    kind: str, key: str, name: str, seconds: float, by: str, started: float | None = None
+) -> Record:
+    """Add a build to the capped ``compileq:slow:<kind>`` set (the slowest ``SLOW_LEN`` stay).
+
+    ``started``: its wall-clock start (Unix time), so that builds which ran at the same time
+    can be seen to overlap.
+    """
+    fields: dict[str, Any] = {"name": name, "key": key, "by": by}
+    if started is not None:
+        fields["started"] = round(started, 3)
+    member = json.dumps(fields, sort_keys=True)
 
     def queue(pipe: Any) -> None:
         pipe.zadd(keys.slow(kind), {member: round(seconds, 4)})

@@ -225,23 +225,7 @@ def run_remote(client: KernelClient, job: FxJob, queue: str) -> bytes:
             # the poll, a second later.
             pubsub.subscribe(keys.DONE_CHANNEL)
             pubsub.get_message(timeout=settings.connect_timeout_s)
-            # Single flight: equal graphs make equal jobs (fx_wire writes them canonically),
-            # so a second process sending this graph (another rank, or a rank of another
-            # GPU index) waits for the first one's build instead of enqueueing its own. The
-            # worker drops the lease when it settles; a client that died before enqueueing
-            # holds it no longer than a wait would last.
-            lease_ms = (int(settings.deadline_s) + 1) * 1000
-            stale = lambda n: store.count({Counter.STALE_LEASES: n})  # noqa: E731
-            leased = leases.take_many(store.client, [key], client.client_id, lease_ms, stale)[0]
-            if leased:
-                ttl = settings.visibility_timeout_s * 2  # as kernel jobs: a job outlives its wait
-                sealed = store.seal(keys.job(key), job.to_bytes())
-                store.client.set(keys.job(key), sealed, ex=ttl)
-                try:
-                    client.send_task(COMPILE_FX, key, queue)
-                except Exception as e:  # kombu raises its own OperationalError family
-                    leases.release(store.client, key, client.client_id)
-                    raise Fallback("fx-broker", f"cannot reach the broker ({e})") from e
+            leased = _send_once(client, job, key, queue)
             return _wait(client, pubsub, key, deadline)
         finally:
             pubsub.close()
@@ -252,6 +236,58 @@ def run_remote(client: KernelClient, job: FxJob, queue: str) -> bytes:
         raise Fallback("fx-redis", f"Redis failed ({e})") from e
     except EntryTooLarge as e:
         raise Fallback("fx-too-large", str(e)) from e
+
+
+def send_ahead(client: KernelClient, job: FxJob, queue: str) -> bool:
+    """Enqueue the job unless it is generated or in flight already; do not wait for it.
+
+    For a graph that will be compiled later in this process (see ``speculative``): that
+    compile's ``run_remote`` finds the output, or this process's own lease and waits for the
+    worker. Whether a job was sent; any failure only means nothing was.
+    """
+    key = job.key()
+    try:
+        if client.store.get_many([key])[0] is not None:
+            return False
+        return _send_once(client, job, key, queue)
+    except (redis.RedisError, EntryTooLarge, Fallback):
+        return False
+
+
+def count_sent_ahead(client: KernelClient) -> None:
+    with contextlib.suppress(redis.RedisError):
+        client.store.count({Counter.FX_SENT_AHEAD: 1})
+
+
+def _send_once(client: KernelClient, job: FxJob, key: str, queue: str) -> bool:
+    """Store and enqueue the job if this process takes its lease; whether it did.
+
+    Single flight: equal graphs make equal jobs (fx_wire writes them canonically, and the key
+    is the graph's hash written for ``cuda:0``), so a second process sending this graph
+    (another rank, or a rank of another GPU index) waits for the first one's build instead
+    of enqueueing its own. The worker drops the lease when it settles; a client that died
+    before enqueueing holds it no longer than a wait would last.
+    """
+    store, settings = client.store, client.settings
+    lease_ms = (int(settings.deadline_s) + 1) * 1000
+    stale = lambda n: store.count({Counter.STALE_LEASES: n})  # noqa: E731
+    if not leases.take_many(store.client, [key], client.client_id, lease_ms, stale)[0]:
+        return False
+    try:
+        ttl = settings.visibility_timeout_s * 2  # as kernel jobs: a job outlives its wait
+        sealed = store.seal(keys.job(key), job.to_bytes())
+        store.client.set(keys.job(key), sealed, ex=ttl)
+        client.send_task(COMPILE_FX, key, queue)
+    except redis.RedisError:
+        # Else the next client waits out the lease's expiry, a whole deadline.
+        client.orphan_lease(key)
+        raise
+    except Exception as e:  # kombu raises its own OperationalError family; EntryTooLarge
+        leases.release(store.client, key, client.client_id)
+        if isinstance(e, EntryTooLarge):
+            raise
+        raise Fallback("fx-broker", f"cannot reach the broker ({e})") from e
+    return True
 
 
 def _wait(client: KernelClient, pubsub: Any, key: str, deadline: float) -> bytes:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, NoReturn
 
 from torch._inductor.compile_fx_ext import (
     _OutOfProcessFxCompile,
@@ -16,7 +16,8 @@ from torch._inductor.compile_fx_ext import (
     _WireProtocolPickledOutput,
 )
 
-from compileq.scheduler import boundary, fx_key, fx_remote
+from compileq._log import log
+from compileq.scheduler import boundary, fx_key, fx_remote, speculative
 from compileq.scheduler.fx_remote import Fallback, Route
 from compileq.tasks import device_index, portable
 from compileq.tasks.fx_jobs import FxJob
@@ -58,6 +59,8 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
         inputs_to_check: Sequence[int],
         graph_kwargs: Any,
     ) -> Any:
+        if speculative.speculating():
+            self._send_ahead(gm, example_inputs, inputs_to_check, graph_kwargs)
         fx_remote.mark_remote(False)
         self._stock_ran = False
         try:
@@ -71,6 +74,48 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
             # for the worker): compiling it here now is the same compile stock would run.
             fx_remote.fell_back(e)
         return self._in_process(gm, example_inputs, inputs_to_check, graph_kwargs)
+
+    def _send_ahead(
+        self,
+        gm: Any,
+        example_inputs: Sequence[Any],
+        inputs_to_check: Sequence[int],
+        graph_kwargs: Any,
+    ) -> NoReturn:
+        """Send this graph's job without waiting for it (see ``speculative``); then stop the
+        compile. Anything in the way only means nothing is sent: the real compile decides."""
+        try:
+            route = fx_remote.choose_route(gm, example_inputs)
+            graph_key = fx_key.graph_key(
+                gm, example_inputs, graph_kwargs, inputs_to_check, route.device_index
+            )
+            client = fx_remote.client()
+            # Without Inductor's hash the key is the pickled bytes, which differ from process
+            # to process and call to call: the real compile would never find the job.
+            if graph_key is not None and client is not None:
+                with wire(route.device_index):
+                    serialized = super().serialize_compile(
+                        gm, example_inputs, inputs_to_check, graph_kwargs
+                    )
+                if serialized is not None:
+                    job = self._job(route, serialized[0], graph_key)
+                    if fx_remote.send_ahead(client, job, route.queue):
+                        fx_remote.count_sent_ahead(client)
+        except Exception as e:
+            log.debug("compileq: backward not sent ahead: %s: %s", type(e).__name__, e)
+        raise speculative.Sent
+
+    def _job(
+        self, route: Route, pickled: _WireProtocolPickledInput, graph_key: str | None
+    ) -> FxJob:
+        return FxJob(
+            route.target,
+            route.toolchain.digest,
+            pickled.value,
+            fx_remote.codegen_env(),
+            graph_key,
+            fx_remote.codegen_state(),
+        )
 
     def serialize_compile(
         self,
@@ -103,14 +148,7 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
         route, client = self._route, fx_remote.client()
         if route is None or client is None:
             raise Fallback("fx-off", "remote FX codegen is not set up in this process")
-        job = FxJob(
-            route.target,
-            route.toolchain.digest,
-            pickled_input.value,
-            fx_remote.codegen_env(),
-            self._graph_key,
-            fx_remote.codegen_state(),
-        )
+        job = self._job(route, pickled_input, self._graph_key)
         output = fx_remote.run_remote(client, job, route.queue)
         fx_remote.mark_remote(True)
         future: Future[_WireProtocolPickledOutput] = Future()

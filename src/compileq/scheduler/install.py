@@ -13,7 +13,7 @@ from compileq._log import log, warn_once
 from compileq.cache.counters import Counter
 from compileq.config import Settings, get_settings
 from compileq.errors import ConfigError
-from compileq.scheduler import boundary, fx_remote
+from compileq.scheduler import boundary, fx_remote, speculative
 from compileq.scheduler.client import KernelClient
 from compileq.scheduler.local import LocalBuilder
 from compileq.scheduler.pool import CompileqPool
@@ -73,6 +73,8 @@ def install(
         if _installed is not None:
             if _installed.fx:
                 fx_remote.enable(_installed.pool.client)
+                if settings.speculate:
+                    speculative.enable()
             if settings.graph_cache:
                 from compileq.scheduler import graph_cache
 
@@ -108,6 +110,8 @@ def install(
             cpp_cache.enable(client.store, built)
         if want_fx and on_worker is None:
             fx_remote.enable(client)
+            if settings.speculate:
+                speculative.enable()
         AsyncCompile._ready_future = None
         # With one compile thread Inductor never uses a pool; compileq's pool costs no CPU
         # here, so allow the parallel path even on a one-core client.
@@ -130,6 +134,7 @@ def uninstall() -> None:
         from compileq.scheduler import cpp_cache, graph_cache
 
         fx_remote.disable()
+        speculative.disable()
         graph_cache.disable()
         cpp_cache.disable()
         AsyncCompile._ready_future = None

@@ -38,7 +38,7 @@ def execute_compile_fx(key: object) -> str:
     except (CompileqError, ValueError) as e:
         return reject(ctx, key, str(e))
 
-    started = time.perf_counter()
+    started, started_at = time.perf_counter(), time.time()
     try:
         output = generate(ctx, job)
         ctx.store.put(key, output)
@@ -50,7 +50,11 @@ def execute_compile_fx(key: object) -> str:
     ctx.store.count(
         {Counter.FX_REMOTE_COMPILES: 1},
         None,
-        [meta.record_build_time(FX, key, key[len(keys.ARTIFACT) :][:48], seconds, ctx.worker_id)],
+        [
+            meta.record_build_time(
+                FX, key, key[len(keys.ARTIFACT) :][:48], seconds, ctx.worker_id, started_at
+            )
+        ],
     )
     settle(client, key)
     log.info("compileq worker: generated graph %s in %.2fs", key, seconds)

@@ -1,0 +1,295 @@
+"""Speculative backward codegen: a training graph's backward goes to the workers with its forward.
+
+Stock AOTAutograd partitions a joint graph into a forward and a backward, compiles the forward,
+and compiles the backward lazily, at its first backward call (see torch's Note: [Backward graph
+lazy lowering]). With codegen on workers the two codegens then run one after the other, and a
+DDP job's backwards run one bucket after another at its first ``loss.backward()``. So when
+AOTAutograd has partitioned a graph (``_aot_stage2a_partition`` returns), compileq runs the
+backward compile Inductor will run later, with the same module and example inputs, as far as
+sending its codegen job (:func:`fx_remote.send_ahead`), and then stops it (:class:`Sent`). The
+worker generates the backward while the client compiles the forward and runs it; the lazy
+compile later finds the output in the store, or this process's lease on the job, and waits for
+the worker instead of sending the job again. Cold time becomes the longer of the two codegens.
+
+What keeps this safe:
+
+- The speculative compile stops before Inductor lowers anything here: at a local FX-cache entry
+  (nothing to send), at the job (sent or found), or at any error (the lazy compile then does
+  exactly what it would have done; nothing is counted as a fallback).
+- The job key is Inductor's FX-graph hash of the backward as the lazy compile will see it, plus
+  the codegen state (donated buffers) read from the same tracing context. If the lazy compile
+  sees another graph (the forward restrided a saved activation, ``retain_graph`` turned donation
+  off, a recompile), its key differs and it sends its own job: only the worker's time is lost.
+- No FX-graph lease is taken: the job's own lease gives single flight across ranks, and a lease
+  held until a backward that may never run would make other processes wait for nothing.
+
+Rejected alternatives: compiling the backward in a thread beside the forward (Inductor's
+compile state is per process: ``TritonBundler``, ``V.graph``, the compile lock); sending it from
+inside the forward's compile (nested ``compile_fx_inner`` calls clear the forward's bundler);
+``force_non_lazy_backward_lowering`` (compiles the backward in this process, after the forward:
+the sum of both, not the longer).
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from typing import Any
+
+from compileq._log import log, warn_once
+from compileq.scheduler import import_hooks
+
+_GRAPH_COMPILE = "torch._functorch._aot_autograd.graph_compile"
+_DISTRIBUTED = "torch._dynamo.backends.distributed"
+_thread = threading.local()
+_original_partition: Callable[..., Any] | None = None
+_original_stage2: Callable[..., Any] | None = None
+_original_load: Any = None
+
+
+class Sent(BaseException):  # a signal through Inductor, not an error
+    """Ends a speculative compile once its job is sent, found, or cannot be sent.
+
+    A BaseException so that it passes through Inductor's ``except Exception`` (which wraps
+    every error of ``compile_fx_inner`` in ``InductorError``) and compileq's own
+    ``boundary.guard`` (which would compile the graph in process).
+    """
+
+
+def speculating() -> bool:
+    """Whether this thread is inside a speculative backward compile."""
+    return bool(getattr(_thread, "active", False))
+
+
+@contextmanager
+def _speculation() -> Iterator[None]:
+    _thread.active = True
+    try:
+        yield
+    finally:
+        _thread.active = False
+
+
+def enable() -> None:
+    """Speculate every partitioned graph's backward, now or once AOTAutograd is imported."""
+    import_hooks.after_import(_GRAPH_COMPILE, _patch)
+
+
+def disable() -> None:
+    global _original_partition, _original_stage2, _original_load
+    import sys
+
+    module: Any = sys.modules.get(_GRAPH_COMPILE)
+    if module is not None and _original_partition is not None:
+        module._aot_stage2a_partition = _original_partition
+        module.aot_stage2_autograd = _original_stage2
+    ddp: Any = sys.modules.get(_DISTRIBUTED)
+    run_node = getattr(getattr(ddp, "SubmodCompiler", None), "run_node", None)
+    if hasattr(run_node, "__wrapped__"):
+        ddp.SubmodCompiler.run_node = run_node.__wrapped__  # type: ignore[union-attr]
+    if _original_load is not None:
+        from torch._inductor.codecache import FxGraphCache
+
+        FxGraphCache.load_with_key = _original_load
+    _original_partition = _original_stage2 = _original_load = None
+
+
+def _patch(module: Any) -> None:
+    global _original_partition, _original_stage2
+    partition = getattr(module, "_aot_stage2a_partition", None)
+    stage2 = getattr(module, "aot_stage2_autograd", None)
+    if _original_partition is not None:
+        return
+    if partition is None or stage2 is None:
+        log.info("compileq: this torch's AOTAutograd differs; the backward stays lazy")
+        return
+    _original_partition, _original_stage2 = partition, stage2
+    module._aot_stage2a_partition = _partition_then_send_backward
+    module.aot_stage2_autograd = _stage2_with_backward_compiler
+    import_hooks.after_import(_DISTRIBUTED, _patch_ddp)
+
+
+def _patch_ddp(module: Any) -> None:
+    submod = getattr(module, "SubmodCompiler", None)
+    run_node = getattr(submod, "run_node", None)
+    if run_node is not None and not hasattr(run_node, "__wrapped__"):
+        submod.run_node = _run_node_then_send(run_node)  # type: ignore[union-attr]
+
+
+def _stage2_with_backward_compiler(*args: Any, **kwargs: Any) -> Any:
+    """``aot_stage2_autograd``, with its backward compiler at hand for the partition that
+    follows (the lazy compile calls this one; ``AOTConfig.bw_compiler`` may be None)."""
+    assert _original_stage2 is not None
+    compiler = kwargs.get("bw_compiler", args[4] if len(args) > 4 else None)
+    outer = getattr(_thread, "bw_compiler", None)
+    _thread.bw_compiler = compiler
+    try:
+        return _original_stage2(*args, **kwargs)
+    finally:
+        _thread.bw_compiler = outer
+
+
+def _patch_cache_lookup() -> None:
+    """Wrap the FX-cache lookup at the first speculation: patching it when AOTAutograd is
+    imported would import Inductor's codecache in the middle of torch's own imports."""
+    global _original_load
+    if _original_load is None:
+        from torch._inductor.codecache import FxGraphCache
+
+        _original_load = FxGraphCache.__dict__["load_with_key"]
+        FxGraphCache.load_with_key = staticmethod(_load_with_key)
+
+
+def _partition_then_send_backward(*args: Any, **kwargs: Any) -> Any:
+    assert _original_partition is not None
+    result = _original_partition(*args, **kwargs)
+    try:
+        send = _backward_sender(result, [*args, *kwargs.values()])
+        if send is not None:
+            _when_inputs_are_final(send)
+    except Exception as e:  # speculation may be lost, never the compile
+        warn_once("speculate", "compileq: backward not sent ahead (%s: %s)", type(e).__name__, e)
+    return result
+
+
+def _backward_sender(result: Any, args: list[Any]) -> Callable[[], None] | None:
+    """What sends this partition's backward, or None where nothing should be sent."""
+    import torch
+    from torch._functorch._aot_autograd import graph_compile
+    from torch._functorch._aot_autograd.schemas import (
+        AOTConfig,
+        SubclassMeta,
+        ViewAndMutationMeta,
+    )
+
+    from compileq.scheduler import fx_remote
+
+    bw_module = result[1] if isinstance(result, tuple) and len(result) > 1 else None
+    aot_config = next((a for a in args if isinstance(a, AOTConfig)), None)
+    fw_metadata = next((a for a in args if isinstance(a, ViewAndMutationMeta)), None)
+    if not isinstance(bw_module, torch.fx.GraphModule) or aot_config is None:
+        return None
+    compiler = getattr(_thread, "bw_compiler", None) or aot_config.bw_compiler
+    if not callable(compiler) or not fx_remote.active() or not _wanted():
+        return None
+    # What the forward compile sets in the tracing context and the lazy backward compile finds
+    # there (DDPOptimizer restores it per bucket): codegen reads the donated buffers in it.
+    subclass_meta = next((a for a in args if isinstance(a, SubclassMeta)), None)
+    inner = (
+        None if fw_metadata is None else graph_compile._get_inner_meta(subclass_meta, fw_metadata)
+    )
+    return lambda: _send(bw_module, compiler, aot_config, inner)
+
+
+def _when_inputs_are_final(send: Callable[[], None]) -> None:
+    """Send now; under DDPOptimizer, once the subgraph's forward has run on fake inputs.
+
+    DDPOptimizer runs each compiled subgraph on fake tensors to make the next one's inputs,
+    and that run gives the forward's outputs a ``grad_fn``: a backward's tangents are those
+    very tensors, and ``requires_grad`` is part of Inductor's graph hash. Sent at partition
+    time, every bucket's backward but the last would be keyed (and generated) for the other
+    value. So inside ``SubmodCompiler.run_node`` the send waits for that run to end.
+    """
+    import torch
+
+    context = torch._guards.TracingContext.try_get()
+    if context is None or getattr(context, "ddp_optimizer_ctx", None) is None:
+        send()
+        return
+    pending = getattr(_thread, "after_submodule", None)
+    if pending is not None:
+        pending.append(send)
+    # else a DDPOptimizer this torch lays out otherwise: nothing is sent, the backward stays lazy
+
+
+def _run_node_then_send(original: Callable[..., Any]) -> Callable[..., Any]:
+    def run_node(self: Any, node: Any) -> Any:
+        outer = getattr(_thread, "after_submodule", None)
+        pending: list[Callable[[], None]] = []
+        _thread.after_submodule = pending
+        try:
+            out = original(self, node)
+        finally:
+            _thread.after_submodule = outer
+        for send in pending:
+            try:
+                send()
+            except Exception as e:  # speculation may be lost, never the compile
+                warn_once("speculate", "compileq: backward not sent ahead (%s)", e)
+        return out
+
+    run_node.__wrapped__ = original  # type: ignore[attr-defined]
+    return run_node
+
+
+def _send(bw_module: Any, compiler: Callable[..., Any], aot_config: Any, fw_metadata: Any) -> None:
+    """Run the backward compile as the lazy one will (grad and autocast off, named
+    "backward", on a copy, with the partition's example inputs) until its job is sent."""
+    import torch
+    from torch._functorch._aot_autograd.logging_utils import track_graph_compiling
+    from torch.fx.experimental.symbolic_shapes import fx_placeholder_vals
+
+    _patch_cache_lookup()
+    started = time.perf_counter()
+    with torch._subclasses.fake_tensor.unset_fake_temporarily():
+        module_copy = copy.deepcopy(bw_module)
+    with (
+        _forward_metadata(fw_metadata),
+        _speculation(),
+        torch.no_grad(),
+        torch._C._DisableAutocast(),
+        track_graph_compiling(aot_config, "backward"),
+        suppress(Sent),
+    ):
+        compiler(module_copy, fx_placeholder_vals(bw_module))
+    log.debug("compileq: backward sent ahead in %.3fs", time.perf_counter() - started)
+
+
+@contextmanager
+def _forward_metadata(fw_metadata: Any) -> Iterator[None]:
+    import torch
+
+    context = torch._guards.TracingContext.try_get()
+    if context is None or fw_metadata is None:
+        yield
+        return
+    saved = context.fw_metadata
+    context.fw_metadata = fw_metadata
+    try:
+        yield
+    finally:
+        context.fw_metadata = saved
+
+
+def _wanted() -> bool:
+    import torch
+
+    if torch._dynamo.compiled_autograd.compiled_autograd_enabled:
+        return False  # compiled autograd traces the backward itself
+    # A bundled AOTAutograd cache compiles graphs without the FX cache: a speculative entry
+    # would not be looked up.
+    return not torch._functorch.config.bundled_autograd_cache
+
+
+def _load_with_key(key: str, *args: Any, **kwargs: Any) -> Any:
+    """Inductor's FX-cache lookup; while speculating, no lookup: a local entry ends the
+    speculation (nothing to send), else it reads as a miss without touching the remote cache
+    (whose hit would load the graph's code and kernels now, and whose miss takes a lease)."""
+    assert _original_load is not None
+    if not speculating():
+        return _original_load.__func__(key, *args, **kwargs)
+    from torch._inductor.codecache import FxGraphCache
+
+    if _has_local_entry(FxGraphCache, key):
+        raise Sent
+    return None, {"key": key, "cache_state": "miss", "components": []}
+
+
+def _has_local_entry(cache: Any, key: str) -> bool:
+    import os
+
+    directory = cache._get_tmp_dir_for_key(key)
+    return os.path.isdir(directory) and bool(os.listdir(directory))
