@@ -10,12 +10,15 @@ Each repetition runs, in fresh process trees:
 * ``stock_cold``: stock torch.compile, empty caches;
 * ``stock_remote_fill`` then ``stock_remote_new``: stock with its own Redis remote caches,
   the second on empty local dirs (a new machine on a warm cluster);
+* ``compileq_cold_lazy``: ``compileq run`` with ``COMPILEQ_SPECULATE=0`` on a cold cluster
+  (each backward sent at its first backward call, as stock compiles it);
 * ``compileq_cold``: ``compileq run``, compileq's store emptied and the workers' local caches
-  wiped (a cold cluster);
+  wiped (a cold cluster), backwards sent when AOTAutograd partitions their graphs;
 * ``compileq_new``: ``compileq run`` again on empty local dirs.
 
 Per run: each rank's first step, all ranks done (launch to the end of the slowest rank's first
-step, start-up included), graph codegens against distinct graphs, and fallbacks. Writes
+step, start-up included), graph codegens against distinct graphs, backwards sent ahead, and
+fallbacks. Writes
 ``ddp.json`` and ``ddp.md`` to ``--out`` (default ``$OUT``, else ``bench-out/``).
 """
 
@@ -37,7 +40,14 @@ from bench.harness import ROOT, Cluster, new_workdir
 SCRIPT = ROOT / "examples" / "llama_script.py"
 GPU_ARGS = ("--device", "cuda", "--width", "512", "--layers", "8", "--bucket-mb", "4")
 CPU_ARGS = ("--width", "128", "--layers", "4", "--bucket-mb", "1")
-RUNS = ("stock_cold", "stock_remote_fill", "stock_remote_new", "compileq_cold", "compileq_new")
+RUNS = (
+    "stock_cold",
+    "stock_remote_fill",
+    "stock_remote_new",
+    "compileq_cold_lazy",
+    "compileq_cold",
+    "compileq_new",
+)
 
 
 def run_job(
@@ -49,8 +59,9 @@ def run_job(
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
     argv += ["--master-port", port, str(SCRIPT), *args, "--rank-caches", str(caches)]
     env = cluster.env()
-    if mode == "compileq":
+    if mode.startswith("compileq"):
         argv = [sys.executable, "-m", "compileq.cli", "run", "--", *argv]
+        env["COMPILEQ_SPECULATE"] = "0" if mode == "compileq-lazy" else "1"
     elif mode == "stock-remote":
         env.update(cluster.stock_remote_env())
     before = cluster.stats()
@@ -68,8 +79,10 @@ def run_job(
         "distinct_graphs": ranks[0]["graphs"],
         "codegens": delta.get("fx_remote_compiles", 0) + delta.get("fx_local_compiles", 0),
         "fallbacks": delta.get("fallbacks", 0),
+        "sent_ahead": delta.get("fx_sent_ahead", 0),
         "losses": [r["losses"] for r in ranks],
         "matches_eager": all(r["matches_eager"] for r in ranks),
+        "phases": ranks[0].get("compile_phases", {}),
     }
 
 
@@ -104,11 +117,16 @@ def main(argv: list[str] | None = None) -> int:
                 results[name].append(
                     run_job(cluster, workdir, f"{name}-{rep}", args.nproc, script_args, mode)
                 )
-            cluster.flush()
-            cluster.wipe_worker_caches()
-            for name in ("compileq_cold", "compileq_new"):
+            for name, mode in (
+                ("compileq_cold_lazy", "compileq-lazy"),
+                ("compileq_cold", "compileq"),
+                ("compileq_new", "compileq"),
+            ):
+                if name.startswith("compileq_cold"):
+                    cluster.flush()
+                    cluster.wipe_worker_caches()
                 results[name].append(
-                    run_job(cluster, workdir, f"{name}-{rep}", args.nproc, script_args, "compileq")
+                    run_job(cluster, workdir, f"{name}-{rep}", args.nproc, script_args, mode)
                 )
     finally:
         cluster.close()
@@ -140,8 +158,8 @@ def render(meta: dict[str, Any], results: dict[str, list[dict[str, Any]]]) -> st
         f"worker ready in {meta['worker_ready_s']} s",
         "",
         "| run | first step per rank (s) | all ranks done (s) | vs stock | codegens / graphs "
-        "| fallbacks | losses = stock |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| backwards sent ahead | fallbacks | losses = stock |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     reference = results["stock_cold"][0]["losses"]
     for name in RUNS:
@@ -157,9 +175,45 @@ def render(meta: dict[str, Any], results: dict[str, list[dict[str, Any]]]) -> st
         lines.append(
             f"| {name} | {' / '.join(f'{s:.2f}' for s in last['ranks_first_step_s'])} "
             f"| {median(name, 'all_done_s'):.2f} | {median(name, 'all_done_s') / base:.2f}x "
-            f"| {last['codegens']} / {last['distinct_graphs']} | {last['fallbacks']} | {same} |"
+            f"| {last['codegens']} / {last['distinct_graphs']} | {last.get('sent_ahead', 0)} "
+            f"| {last['fallbacks']} | {same} |"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, "", *breakdown(results)]) + "\n"
+
+
+#: Where rank 0's first step went, by torch's own phase timers (``dynamo_timed``), seconds.
+#: Nested: the backend holds AOTAutograd, which holds the forward compile; a graph's codegen
+#: (in process, or the wait for a worker) is inside the forward or backward compile.
+PHASES = (
+    ("frame compiles", ("_compile.compile_inner",)),
+    ("Dynamo tracing", ("bytecode_tracing",)),
+    (
+        "AOTAutograd tracing + partition",
+        (
+            "aot_collect_metadata",
+            "aot_trace_joint_graph",
+            "_recursive_joint_graph_passes",
+            "min_cut_rematerialization_partition",
+        ),
+    ),
+    ("forward compiles", ("compile_fx.<locals>.fw_compiler_base",)),
+    ("backward compiles", ("compile_fx.<locals>.bw_compiler",)),
+    ("codegen here (lowering + code)", ("GraphLowering.compile_to_module",)),
+    ("loading output code", ("PyCodeCache.load_by_key_path",)),
+    ("waiting for kernels", ("async_compile.wait",)),
+)
+
+
+def breakdown(results: dict[str, list[dict[str, Any]]]) -> list[str]:
+    rows = [(name, results[name][-1].get("phases") or {}) for name in RUNS if results[name]]
+    if not any(phases for _, phases in rows):
+        return []
+    head = "| rank 0, first step (s) | " + " | ".join(name for name, _ in rows) + " |"
+    lines = [head, "| --- |" + " --- |" * len(rows)]
+    for label, names in PHASES:
+        cells = [f"{sum(phases.get(n, 0.0) for n in names):.2f}" for _, phases in rows]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
 
 
 if __name__ == "__main__":

@@ -105,6 +105,19 @@ class Llama(nn.Module):
         return self.head(self.norm(x))
 
 
+def compile_phases() -> dict[str, float]:
+    """Where this process's compiles have spent their time so far: torch's own phase timers
+    (``dynamo_timed``), summed per phase (seconds; Inductor's pass-by-pass timers left out)."""
+    from torch._dynamo.utils import compile_times
+
+    names, values = compile_times(repr="csv", aggregate=True)
+    return {
+        str(n): round(float(v), 3)
+        for n, v in zip(names, values, strict=False)
+        if not str(n).startswith("pass.")
+    }
+
+
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--device", default="cpu")
@@ -171,6 +184,7 @@ def main() -> None:
         return float(loss)
 
     losses, eager, first_step_s, finished_at = [], [], 0.0, 0.0
+    phases: dict[str, float] = {}
     for i in range(args.steps):
         tokens = torch.randint(0, 256, (4, 33), generator=generator).to(device)
         started = time.perf_counter()
@@ -180,6 +194,7 @@ def main() -> None:
                 torch.cuda.synchronize(device)
             first_step_s = time.perf_counter() - started
             finished_at = time.time()
+            phases = compile_phases()
         eager.append(step(reference, optimizers[1], tokens))
 
     tolerance = 2e-2 if device.type == "cuda" else 1e-4
@@ -213,6 +228,7 @@ def main() -> None:
             counters["inductor"][k] for k in ("fxgraph_cache_miss", "fxgraph_cache_hit")
         ),
         "compileq": sched.installed_pool() is not None,
+        "compile_phases": phases,  # of the first step
     }
     print(json.dumps(result), flush=True)
     if args.rank_caches:  # ranks share stdout, where their lines can interleave
