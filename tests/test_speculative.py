@@ -49,6 +49,12 @@ def test_a_graphs_backward_is_generated_on_the_worker_while_its_forward_is(
     assert len(builds) == 2
     assert overlapping(builds) == 1, builds  # forward and backward codegen at the same time
 
+    # A new machine on this warm cluster: the forward hits, so nothing is sent ahead.
+    again = run_script(env, tmp_path, "spec-new", LLAMA, *SMALL)
+    assert again.ranks[0]["losses"] == rank["losses"]
+    after = stats(env, tmp_path)
+    assert after["fx_sent_ahead"] == 1 and after["fx_remote_compiles"] == 2
+
 
 def test_without_speculation_the_backward_is_generated_after_the_forward(
     env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path

@@ -24,7 +24,7 @@ import contextlib
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
@@ -209,8 +209,13 @@ def choose_route(gm: Any, example_inputs: Sequence[Any]) -> Route:
 # -- the remote round trip --------------------------------------------------------------------
 
 
-def run_remote(client: KernelClient, job: FxJob, queue: str) -> bytes:
-    """Store the signed job, enqueue it and wait for the worker's output (its pickled bytes)."""
+def run_remote(
+    client: KernelClient, job: FxJob, queue: str, meanwhile: Callable[[], None] = lambda: None
+) -> bytes:
+    """Store the signed job, enqueue it and wait for the worker's output (its pickled bytes).
+
+    ``meanwhile`` runs once this process has sent the job, before it waits.
+    """
     store, settings = client.store, client.settings
     key = job.key()
     deadline = time.monotonic() + settings.deadline_s
@@ -226,6 +231,8 @@ def run_remote(client: KernelClient, job: FxJob, queue: str) -> bytes:
             pubsub.subscribe(keys.DONE_CHANNEL)
             pubsub.get_message(timeout=settings.connect_timeout_s)
             leased = _send_once(client, job, key, queue)
+            if leased:
+                meanwhile()
             return _wait(client, pubsub, key, deadline)
         finally:
             pubsub.close()

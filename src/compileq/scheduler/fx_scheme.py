@@ -61,6 +61,7 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
     ) -> Any:
         if speculative.speculating():
             self._send_ahead(gm, example_inputs, inputs_to_check, graph_kwargs)
+        speculative.forward_missed()
         fx_remote.mark_remote(False)
         self._stock_ran = False
         try:
@@ -149,7 +150,9 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
         if route is None or client is None:
             raise Fallback("fx-off", "remote FX codegen is not set up in this process")
         job = self._job(route, pickled_input, self._graph_key)
-        output = fx_remote.run_remote(client, job, route.queue)
+        # While the worker generates this graph, its backward (if it is a forward that
+        # AOTAutograd partitioned just now) goes to the workers too.
+        output = fx_remote.run_remote(client, job, route.queue, speculative.forward_sent)
         fx_remote.mark_remote(True)
         future: Future[_WireProtocolPickledOutput] = Future()
         future.set_result(_ClientOutput(output, route.device_index))

@@ -3,13 +3,17 @@
 Stock AOTAutograd partitions a joint graph into a forward and a backward, compiles the forward,
 and compiles the backward lazily, at its first backward call (see torch's Note: [Backward graph
 lazy lowering]). With codegen on workers the two codegens then run one after the other, and a
-DDP job's backwards run one bucket after another at its first ``loss.backward()``. So when
-AOTAutograd has partitioned a graph (``_aot_stage2a_partition`` returns), compileq runs the
-backward compile Inductor will run later, with the same module and example inputs, as far as
-sending its codegen job (:func:`fx_remote.send_ahead`), and then stops it (:class:`Sent`). The
-worker generates the backward while the client compiles the forward and runs it; the lazy
-compile later finds the output in the store, or this process's lease on the job, and waits for
-the worker instead of sending the job again. Cold time becomes the longer of the two codegens.
+DDP job's backwards run one bucket after another at its first ``loss.backward()``. So when the
+forward misses every cache and its job has gone to a worker, compileq runs the backward compile
+Inductor will run later, with the same module and example inputs, as far as sending its codegen
+job (:func:`fx_remote.send_ahead`), and then stops it (:class:`Sent`); only then does the client
+wait for the forward. The worker generates both at once; the lazy compile later finds the
+backward's output in the store, or this process's lease on its job, and waits for the worker
+instead of sending it again. Cold time becomes the longer of the two codegens, not their sum.
+
+When: only after the forward missed (a warm cache or a new machine pays nothing: no copy, no
+hash), and under DDPOptimizer once the subgraph has been run on fake inputs (see
+``_when_inputs_are_final``).
 
 What keeps this safe:
 
@@ -22,12 +26,14 @@ What keeps this safe:
   off, a recompile), its key differs and it sends its own job: only the worker's time is lost.
 - No FX-graph lease is taken: the job's own lease gives single flight across ranks, and a lease
   held until a backward that may never run would make other processes wait for nothing.
+- Run inside the forward's compile, it sets aside what Inductor keeps per compile
+  (``TritonBundler``'s lists, AOTAutograd's graph name) and puts it back.
 
-Rejected alternatives: compiling the backward in a thread beside the forward (Inductor's
-compile state is per process: ``TritonBundler``, ``V.graph``, the compile lock); sending it from
-inside the forward's compile (nested ``compile_fx_inner`` calls clear the forward's bundler);
-``force_non_lazy_backward_lowering`` (compiles the backward in this process, after the forward:
-the sum of both, not the longer).
+Rejected alternatives: compiling the backward in a thread beside the forward (Inductor's compile
+state is per process: ``TritonBundler``, ``V.graph``, the compile lock); sending it when the
+graph is partitioned (every warm start would pay a copy and a hash per backward: measured +1.4 s
+on a new machine's 8-graph step); ``force_non_lazy_backward_lowering`` (compiles the backward in
+this process, after the forward: the sum of both, not the longer).
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from typing import Any
 
 from compileq._log import log, warn_once
@@ -48,6 +55,17 @@ _thread = threading.local()
 _original_partition: Callable[..., Any] | None = None
 _original_stage2: Callable[..., Any] | None = None
 _original_load: Any = None
+
+
+@dataclass
+class _Pending:
+    """A partitioned graph's backward, to send once its forward has missed."""
+
+    send: Callable[[], None]
+    #: Under DDPOptimizer: sent when the subgraph's fake run ends, not inside the forward.
+    ddp: bool = False
+    forward_missed: bool = False
+    sent: bool = False
 
 
 class Sent(BaseException):  # a signal through Inductor, not an error
@@ -124,12 +142,14 @@ def _stage2_with_backward_compiler(*args: Any, **kwargs: Any) -> Any:
     follows (the lazy compile calls this one; ``AOTConfig.bw_compiler`` may be None)."""
     assert _original_stage2 is not None
     compiler = kwargs.get("bw_compiler", args[4] if len(args) > 4 else None)
-    outer = getattr(_thread, "bw_compiler", None)
-    _thread.bw_compiler = compiler
+    outer = getattr(_thread, "bw_compiler", None), getattr(_thread, "pending", None)
+    _thread.bw_compiler, _thread.pending = compiler, None
     try:
         return _original_stage2(*args, **kwargs)
     finally:
-        _thread.bw_compiler = outer
+        # A backward not sent by now stays lazy (its forward hit a cache, or never reached
+        # a worker): the lazy compile must not be taken for this graph's forward.
+        _thread.bw_compiler, _thread.pending = outer
 
 
 def _patch_cache_lookup() -> None:
@@ -149,7 +169,7 @@ def _partition_then_send_backward(*args: Any, **kwargs: Any) -> Any:
     try:
         send = _backward_sender(result, [*args, *kwargs.values()])
         if send is not None:
-            _when_inputs_are_final(send)
+            _when_inputs_are_final(_Pending(send))
     except Exception as e:  # speculation may be lost, never the compile
         warn_once("speculate", "compileq: backward not sent ahead (%s: %s)", type(e).__name__, e)
     return result
@@ -184,41 +204,95 @@ def _backward_sender(result: Any, args: list[Any]) -> Callable[[], None] | None:
     return lambda: _send(bw_module, compiler, aot_config, inner)
 
 
-def _when_inputs_are_final(send: Callable[[], None]) -> None:
-    """Send now; under DDPOptimizer, once the subgraph's forward has run on fake inputs.
+def _when_inputs_are_final(pending: _Pending) -> None:
+    """Hold the send for the forward's compile (``forward_sent``); under DDPOptimizer, for
+    the end of the subgraph's fake run.
 
     DDPOptimizer runs each compiled subgraph on fake tensors to make the next one's inputs,
     and that run gives the forward's outputs a ``grad_fn``: a backward's tangents are those
-    very tensors, and ``requires_grad`` is part of Inductor's graph hash. Sent at partition
-    time, every bucket's backward but the last would be keyed (and generated) for the other
-    value. So inside ``SubmodCompiler.run_node`` the send waits for that run to end.
+    very tensors, and ``requires_grad`` is part of Inductor's graph hash. Sent before, every
+    bucket's backward but the last would be keyed (and generated) for the other value.
     """
     import torch
 
+    _thread.pending = pending
     context = torch._guards.TracingContext.try_get()
     if context is None or getattr(context, "ddp_optimizer_ctx", None) is None:
-        send()
         return
-    pending = getattr(_thread, "after_submodule", None)
-    if pending is not None:
-        pending.append(send)
+    pending.ddp = True
+    after_run = getattr(_thread, "after_submodule", None)
+    if after_run is not None:
+        after_run.append(pending)
     # else a DDPOptimizer this torch lays out otherwise: nothing is sent, the backward stays lazy
+
+
+def forward_missed() -> None:
+    """Called as a graph's codegen begins here: if it is the forward of a graph partitioned
+    just now, its backward will be worth sending (the forward missed every cache)."""
+    pending: _Pending | None = getattr(_thread, "pending", None)
+    if pending is not None and not speculating():
+        pending.forward_missed = True
+
+
+def forward_sent() -> None:
+    """Called once the forward's job is with a worker, before waiting for it: send the
+    backward now, inside the forward's compile (see ``_outside_the_forward_compile``)."""
+    pending: _Pending | None = getattr(_thread, "pending", None)
+    if pending is None or pending.ddp or not pending.forward_missed or speculating():
+        return
+    try:
+        with _outside_the_forward_compile():
+            _send_once(pending)
+    except Exception as e:  # speculation may be lost, never the forward it rides on
+        warn_once("speculate", "compileq: backward not sent ahead (%s: %s)", type(e).__name__, e)
+
+
+def _send_once(pending: _Pending) -> None:
+    if pending.sent:
+        return
+    pending.sent = True
+    try:
+        pending.send()
+    except Exception as e:  # speculation may be lost, never the compile
+        warn_once("speculate", "compileq: backward not sent ahead (%s: %s)", type(e).__name__, e)
+
+
+@contextmanager
+def _outside_the_forward_compile() -> Iterator[None]:
+    """Set aside what Inductor keeps for the compile in progress, and put it back after.
+
+    ``TritonBundler`` collects a compile's kernels in class attributes that a nested compile
+    would find taken (``begin_compile`` asserts they are free) and then clear; AOTAutograd
+    names the graph being compiled in module globals.
+    """
+    from torch._functorch._aot_autograd import logging_utils
+    from torch._inductor.triton_bundler import TritonBundler
+
+    names = [n for n in ("_entries", "_static_autotuners", "_winners") if hasattr(TritonBundler, n)]
+    bundler = {n: getattr(TritonBundler, n) for n in names}
+    graph = (logging_utils.graph_being_compiled, logging_utils.nth_graph)
+    for name in names:
+        setattr(TritonBundler, name, None)
+    try:
+        yield
+    finally:
+        for name, value in bundler.items():
+            setattr(TritonBundler, name, value)
+        logging_utils.graph_being_compiled, logging_utils.nth_graph = graph
 
 
 def _run_node_then_send(original: Callable[..., Any]) -> Callable[..., Any]:
     def run_node(self: Any, node: Any) -> Any:
         outer = getattr(_thread, "after_submodule", None)
-        pending: list[Callable[[], None]] = []
+        pending: list[_Pending] = []
         _thread.after_submodule = pending
         try:
             out = original(self, node)
         finally:
             _thread.after_submodule = outer
-        for send in pending:
-            try:
-                send()
-            except Exception as e:  # speculation may be lost, never the compile
-                warn_once("speculate", "compileq: backward not sent ahead (%s)", e)
+        for each in pending:
+            if each.forward_missed:
+                _send_once(each)
         return out
 
     run_node.__wrapped__ = original  # type: ignore[attr-defined]
