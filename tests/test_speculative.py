@@ -11,8 +11,9 @@ from typing import Any
 
 import redis
 
-from tests.conftest import Env, Worker, run_cli, stats
+from tests.conftest import CLIENTS, Env, Worker, run_cli, stats
 from tests.scripts import LLAMA, run_script
+from tests.test_fx_remote import run_client
 
 SMALL = ("--layers", "2")
 #: DDPOptimizer splits this model into three buckets: three forwards, three backwards.
@@ -81,3 +82,17 @@ def test_a_ddp_jobs_backwards_are_sent_once_and_generated_beside_the_forwards(
     assert counters["fx_remote_compiles"] == graphs
     assert counters["fx_local_compiles"] == 0 and counters["fallbacks"] == 0
     assert overlapping(fx_builds(env, tmp_path)) >= graphs // 2
+
+
+def test_a_backward_that_differs_from_the_one_sent_ahead_gets_its_own_job_and_is_correct(
+    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
+) -> None:
+    # retain_graph=True turns buffer donation off when the backward first runs, after the
+    # graph was partitioned and its backward sent: the lazy compile keys another job.
+    run = run_client(env, tmp_path, "retain", CLIENTS / "retain_graph.py")
+    assert run.result["matches_eager"] is True
+    counters = stats(env, tmp_path)
+    assert counters["fx_sent_ahead"] == 1
+    # forward, the backward sent ahead, and the backward as it ran: nothing compiled here.
+    assert counters["fx_remote_compiles"] == 3
+    assert counters["fx_local_compiles"] == 0 and counters["fallbacks"] == 0
