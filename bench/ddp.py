@@ -8,6 +8,8 @@ compileq in one invocation.
 Each repetition runs, in fresh process trees:
 
 * ``stock_cold``: stock torch.compile, empty caches;
+* ``stock_warm_local``: stock again on the cold run's local cache dirs (a machine that has run
+  the job before: the reference a new machine's warm start is measured against);
 * ``stock_remote_fill`` then ``stock_remote_new``: stock with its own Redis remote caches,
   the second on empty local dirs (a new machine on a warm cluster);
 * ``compileq_cold_lazy``: ``compileq run`` with ``COMPILEQ_SPECULATE=0`` on a cold cluster
@@ -42,6 +44,7 @@ GPU_ARGS = ("--device", "cuda", "--width", "512", "--layers", "8", "--bucket-mb"
 CPU_ARGS = ("--width", "128", "--layers", "4", "--bucket-mb", "1")
 RUNS = (
     "stock_cold",
+    "stock_warm_local",
     "stock_remote_fill",
     "stock_remote_new",
     "compileq_cold_lazy",
@@ -51,10 +54,22 @@ RUNS = (
 
 
 def run_job(
-    cluster: Cluster, workdir: Path, name: str, nproc: int, args: list[str], mode: str
+    cluster: Cluster,
+    workdir: Path,
+    name: str,
+    nproc: int,
+    args: list[str],
+    mode: str,
+    caches_of: str | None = None,
 ) -> dict[str, Any]:
-    caches = workdir / name
-    shutil.rmtree(caches, ignore_errors=True)
+    """One job in a fresh process tree, on empty local cache dirs, or on those that run
+    ``caches_of`` left (its results are read back from there too)."""
+    caches = workdir / (caches_of or name)
+    if caches_of is None:
+        shutil.rmtree(caches, ignore_errors=True)
+    else:
+        for old in caches.glob("rank*/result.json"):
+            old.unlink()
     port = str(29500 + (os.getpid() + len(name) + int(time.monotonic())) % 1000)
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
     argv += ["--master-port", port, str(SCRIPT), *args, "--rank-caches", str(caches)]
@@ -111,11 +126,13 @@ def main(argv: list[str] | None = None) -> int:
             cluster.flush()
             for name, mode in (
                 ("stock_cold", "stock"),
+                ("stock_warm_local", "stock"),
                 ("stock_remote_fill", "stock-remote"),
                 ("stock_remote_new", "stock-remote"),
             ):
+                reuse = f"stock_cold-{rep}" if name == "stock_warm_local" else None
                 results[name].append(
-                    run_job(cluster, workdir, f"{name}-{rep}", args.nproc, script_args, mode)
+                    run_job(cluster, workdir, f"{name}-{rep}", args.nproc, script_args, mode, reuse)
                 )
             for name, mode in (
                 ("compileq_cold_lazy", "compileq-lazy"),
