@@ -16,7 +16,10 @@ Each repetition runs, in fresh process trees:
   (each backward sent at its first backward call, as stock compiles it);
 * ``compileq_cold``: ``compileq run``, compileq's store emptied and the workers' local caches
   wiped (a cold cluster), backwards sent when AOTAutograd partitions their graphs;
-* ``compileq_new``: ``compileq run`` again on empty local dirs.
+* ``compileq_new``: ``compileq run`` again on empty local dirs (each rank loads the profile
+  its rank saved at the end of ``compileq_cold``: scheduler/profiles.py);
+* ``compileq_new_no_profile``: the same with ``COMPILEQ_PROFILES=0`` (every entry looked up in
+  Redis as Inductor asks for it).
 
 Per run: each rank's first step, all ranks done (launch to the end of the slowest rank's first
 step, start-up included), graph codegens against distinct graphs, backwards sent ahead, and
@@ -50,6 +53,7 @@ RUNS = (
     "compileq_cold_lazy",
     "compileq_cold",
     "compileq_new",
+    "compileq_new_no_profile",
 )
 
 
@@ -77,6 +81,7 @@ def run_job(
     if mode.startswith("compileq"):
         argv = [sys.executable, "-m", "compileq.cli", "run", "--", *argv]
         env["COMPILEQ_SPECULATE"] = "0" if mode == "compileq-lazy" else "1"
+        env["COMPILEQ_PROFILES"] = "0" if mode == "compileq-no-profile" else "1"
     elif mode == "stock-remote":
         env.update(cluster.stock_remote_env())
     before = cluster.stats()
@@ -95,6 +100,7 @@ def run_job(
         "codegens": delta.get("fx_remote_compiles", 0) + delta.get("fx_local_compiles", 0),
         "fallbacks": delta.get("fallbacks", 0),
         "sent_ahead": delta.get("fx_sent_ahead", 0),
+        "profiles_loaded": delta.get("profile_loads", 0),
         "losses": [r["losses"] for r in ranks],
         "matches_eager": all(r["matches_eager"] for r in ranks),
         "phases": ranks[0].get("compile_phases", {}),
@@ -138,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                 ("compileq_cold_lazy", "compileq-lazy"),
                 ("compileq_cold", "compileq"),
                 ("compileq_new", "compileq"),
+                ("compileq_new_no_profile", "compileq-no-profile"),
             ):
                 if name.startswith("compileq_cold"):
                     cluster.flush()
@@ -182,7 +189,7 @@ def render(meta: dict[str, Any], results: dict[str, list[dict[str, Any]]]) -> st
     for name in RUNS:
         rows = results[name]
         last = rows[-1]
-        base = stock_new if name.endswith("_new") else stock_cold
+        base = stock_new if "_new" in name else stock_cold
         same = all(
             abs(a - b) <= 1e-2 * max(1.0, abs(b))
             for r in rows

@@ -163,6 +163,11 @@ class Settings(BaseSettings):
         False,
         description="Generate FX graphs' code on workers (`compileq run` turns it on; see --no-fx).",
     )
+    profiles: bool = Field(
+        True,
+        description="Save each job's compiled artifacts as its profile at exit, and fetch the "
+        "profile while a new process imports (see scheduler/profiles.py).",
+    )
     speculate: bool = Field(
         True,
         description="With fx: send a training graph's backward to the workers when AOTAutograd "

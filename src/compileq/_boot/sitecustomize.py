@@ -70,4 +70,10 @@ class _InstallWhenInductorLoads(importlib.abc.MetaPathFinder):
 
 if os.environ.get("COMPILEQ_ENABLED", "1") not in ("0", "false", "False"):
     sys.meta_path.insert(0, _InstallWhenInductorLoads())
+    try:  # the job's profile starts coming while this process imports torch
+        from compileq.scheduler import profiles
+
+        profiles.prefetch()
+    except Exception as e:  # never break the user's program
+        print(f"compileq: no profile prefetch: {e}", file=sys.stderr)
 _run_shadowed_sitecustomize()

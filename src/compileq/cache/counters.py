@@ -23,6 +23,17 @@ class Counter(str, enum.Enum):
     FX_LOCAL_COMPILES = "fx_local_compiles"
     #: Backward graphs whose codegen job was sent when AOTAutograd partitioned them.
     FX_SENT_AHEAD = "fx_sent_ahead"
+    #: Job profiles (scheduler/profiles.py): loaded into the local caches, absent or late,
+    #: refused (tampered, truncated, over the cap, unreadable), saved at exit.
+    PROFILE_LOADS = "profile_loads"
+    PROFILE_MISSES = "profile_misses"
+    PROFILE_REJECTED = "profile_rejected"
+    PROFILE_SAVES = "profile_saves"
+    PROFILE_BYTES = "profile_bytes"
+    #: Time spent fetching profiles, overlapped with the processes' imports; and the part
+    #: of it the first compiles still waited for.
+    PROFILE_PREFETCH_MS = "profile_prefetch_ms"
+    PROFILE_WAIT_MS = "profile_wait_ms"
     AOT_HITS = "aot_hits"
     AOT_MISSES = "aot_misses"
     CPP_HITS = "cpp_hits"

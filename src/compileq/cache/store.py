@@ -187,6 +187,11 @@ class RedisStore(Store):
             return True
         return self._replace_if_bad(key, blob)
 
+    def replace(self, key: str, payload: bytes) -> None:
+        """Store ``payload`` whatever the key holds: for entries that are not content-addressed
+        (a job's profile, replaced each time the job saves it)."""
+        self.client.set(key, self.seal(key, payload), ex=self._ttl)
+
     def _replace_if_bad(self, key: str, blob: bytes) -> bool:
         """Put ``blob`` in place of an entry that fails verification, so no bad value (a
         flipped key id, a rotated secret's entry, an oversized plant) is a permanent miss."""

@@ -79,6 +79,9 @@ def install(
                 from compileq.scheduler import graph_cache
 
                 graph_cache.hook_compile_fx()
+            from compileq.scheduler import profiles
+
+            profiles.hook_compile_fx()
             return True
         from torch._inductor import config
         from torch._inductor.async_compile import AsyncCompile, get_compile_threads
@@ -108,6 +111,10 @@ def install(
                 Counter.CPP_REMOTE_COMPILES if on_worker is not None else Counter.CPP_LOCAL_COMPILES
             )
             cpp_cache.enable(client.store, built)
+        if settings.profiles and on_worker is None:
+            from compileq.scheduler import profiles
+
+            profiles.enable(client.store)
         if want_fx and on_worker is None:
             fx_remote.enable(client)
             if settings.speculate:

@@ -1,0 +1,257 @@
+"""Job profiles: what a job compiled, as one signed blob a new machine fetches while Python imports.
+
+A profile is Inductor's own Mega-Cache of one process (``torch.compiler.save_cache_artifacts``):
+the FX graphs, AOTAutograd entries, autotune results and Triton kernels it compiled or loaded.
+``torch.compiler.load_cache_artifacts`` writes such a blob into this machine's local Inductor
+and Triton cache dirs, each file under a temporary name renamed into place, so Inductor then
+finds every entry as a warm local one and asks no remote cache. compileq stores the blob signed
+and compressed like any entry, under ``compileq:a:profile:<job id>``. The rejected alternative,
+a list of compileq keys written into the local dirs by compileq, would copy the on-disk layout
+of five caches that change between torch releases; Inductor's own format travels with torch.
+
+**Job identity** (:func:`job_id`): sha256 of a JSON document holding
+
+- the script the process runs (its file name and the sha256 of its content: a model defined
+  in the script that changes is another job) and its arguments, less those naming a file or
+  directory (an output dir or a checkpoint differs from run to run, the model does not);
+- ``WORLD_SIZE`` and ``RANK`` (a rank on ``cuda:k`` compiles graphs keyed for ``cuda:k``, and a
+  world size is another DDP split): one profile per rank;
+- the torch version.
+
+No host, path or time: equal on every machine and run of the same job. ``COMPILEQ_JOB_ID``
+replaces the document (for a launcher whose arguments differ per run). A model edited in
+another module keeps the id: its profile then loads entries nobody looks up (the fetch is its
+whole cost) and is replaced when the job saves again.
+
+**When.** Under ``compileq run`` every Python process starts the fetch from its start-up hook,
+before ``import torch`` (:func:`prefetch`), on a daemon thread that waits on the socket without
+the GIL. The first compile (Dynamo's call into Inductor's ``compile_fx``) waits for it, at most
+:data:`_WAIT_S`, and loads it. At exit, a process that compiled anything, or found no
+profile to load, saves its own, replacing the previous one. A missing, late, tampered, truncated or oversized profile is
+counted and ignored: the job compiles as without it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+from compileq import keys
+from compileq._log import log, warn_once
+
+PROFILE = "profile"
+#: The longest the first compile waits for a fetch still under way; then it goes on without.
+_WAIT_S = 10.0
+
+_fetch: _Fetch | None = None
+_store: Any = None
+
+
+class _Fetch:
+    """The profile's fetch, started at process start; read once by the first compile."""
+
+    def __init__(self, job: str) -> None:
+        self.job = job
+        self.started = time.monotonic()
+        self.blob: bytes | None = None
+        #: pending | found | missing | rejected | failed; then late or loaded at first compile
+        self.outcome = "pending"
+        self.fetch_s = 0.0
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="compileq-profile", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            from compileq.cache.store import RedisStore
+            from compileq.config import get_settings
+            from compileq.connect import redis_client
+
+            settings = get_settings()
+            if settings.secret is None:
+                self.outcome = "failed"
+                return
+            store = RedisStore(redis_client(settings.redis_url, settings), settings)
+            key = profile_key(self.job)
+            raw = store.read_bounded([key])[0]
+            if raw is None:
+                self.outcome = "missing"
+                return
+            entry = store.get_many([key])[0] if isinstance(raw, bytes) else None
+            if isinstance(raw, int):  # over the cap: counted as an integrity failure there
+                store.get_many([key])
+            if entry is None:
+                self.outcome = "rejected"
+                return
+            self.blob, self.outcome = entry.payload(), "found"
+        except Exception as e:  # a profile may be lost, never the job
+            self.outcome = "failed"
+            log.debug("compileq: profile fetch failed: %s", e)
+        finally:
+            self.fetch_s = time.monotonic() - self.started
+            self.done.set()
+
+
+def job_id(argv: list[str] | None = None) -> str:
+    """This process's job identity (see the module's docstring)."""
+    explicit = os.environ.get("COMPILEQ_JOB_ID")
+    if explicit:
+        return hashlib.sha256(f"explicit:{explicit}".encode()).hexdigest()
+    argv = list(sys.argv if argv is None else argv)
+    script = argv[0] if argv else ""
+    content = ""
+    if script.endswith(".py") and os.path.isfile(script):
+        with open(script, "rb") as f:
+            content = hashlib.sha256(f.read()).hexdigest()
+    document = {
+        "script": os.path.basename(script),
+        "script_sha256": content,
+        "args": [a for a in argv[1:] if not _names_a_path(a)],
+        "world_size": os.environ.get("WORLD_SIZE", "1"),
+        "rank": os.environ.get("RANK", "0"),
+        "torch": _torch_version(),
+    }
+    return hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
+
+
+def _names_a_path(arg: str) -> bool:
+    value = arg.split("=", 1)[1] if arg.startswith("-") and "=" in arg else arg
+    return os.sep in value or (bool(value) and os.path.exists(value))
+
+
+def _torch_version() -> str:
+    # From the package's metadata: importing torch here would cost the seconds the
+    # prefetch exists to overlap.
+    from importlib import metadata
+
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return ""
+
+
+def profile_key(job: str) -> str:
+    return keys.artifact(PROFILE, job)
+
+
+def prefetch() -> None:
+    """Start fetching this process's profile (from ``compileq run``'s start-up hook)."""
+    global _fetch
+    if _fetch is not None or os.environ.get("COMPILEQ_PROFILES", "1") in ("0", "false"):
+        return
+    try:
+        _fetch = _Fetch(job_id())
+        _fetch.thread.start()
+    except Exception as e:  # never break the user's program
+        log.debug("compileq: no profile prefetch: %s", e)
+        _fetch = None
+
+
+def enable(store: Any) -> None:
+    """At install(): load the fetched profile at the first compile; save one at exit."""
+    global _store
+    if _fetch is None:
+        prefetch()  # install() without `compileq run`: the fetch starts now
+    from compileq.scheduler import import_hooks
+
+    import_hooks.after_import("torch._inductor.compile_fx", _load_before_first_compile)
+    if _store is None:
+        atexit.register(_save_at_exit)
+    _store = store
+
+
+def hook_compile_fx() -> None:
+    """Like fx_remote.enable: called again by install()'s second call, once ``compile_fx``
+    has finished loading (``compileq run`` installs while it is still loading)."""
+    if _store is not None:
+        from compileq.scheduler import import_hooks
+
+        import_hooks.after_import("torch._inductor.compile_fx", _load_before_first_compile)
+
+
+def _load_before_first_compile(module: Any) -> None:
+    original = getattr(module, "compile_fx", None)
+    if original is None or getattr(original, "_compileq_profile", False):
+        return
+
+    def compile_fx(*args: Any, **kwargs: Any) -> Any:
+        module.compile_fx = original
+        load()
+        return original(*args, **kwargs)
+
+    compile_fx._compileq_profile = True  # type: ignore[attr-defined]
+    module.compile_fx = compile_fx
+
+
+def load() -> str:
+    """Wait for the fetch (bounded) and hand the profile to Inductor; what happened."""
+    from compileq.cache.counters import Counter
+
+    fetch = _fetch
+    if fetch is None:
+        return "off"
+    waited_from = time.monotonic()
+    if not fetch.done.wait(_WAIT_S):
+        warn_once("profile-late", "compileq: job profile not fetched in %.0fs; going on", _WAIT_S)
+        fetch.outcome = "late"
+    waited = time.monotonic() - waited_from
+    counts = {Counter.PROFILE_WAIT_MS: int(waited * 1000)}
+    outcome = fetch.outcome
+    if outcome == "found" and fetch.blob is not None:
+        try:
+            import torch
+
+            torch.compiler.load_cache_artifacts(fetch.blob)
+            fetch.outcome = "loaded"
+            counts[Counter.PROFILE_LOADS] = 1
+            counts[Counter.PROFILE_BYTES] = len(fetch.blob)
+            counts[Counter.PROFILE_PREFETCH_MS] = int(fetch.fetch_s * 1000)
+            log.info("compileq: job profile loaded (%d bytes)", len(fetch.blob))
+        except Exception as e:  # a signed blob torch cannot read: another torch wrote it
+            warn_once("profile-load", "compileq: job profile not loaded (%s)", e)
+            outcome = "rejected"
+        fetch.blob = None
+    if outcome == "rejected":
+        counts[Counter.PROFILE_REJECTED] = 1
+    elif outcome in ("missing", "late"):
+        counts[Counter.PROFILE_MISSES] = 1
+    if _store is not None:
+        try:
+            _store.count(counts)
+        except Exception as e:  # counting must not be what fails a compile
+            log.debug("compileq: profile counters not written: %s", e)
+    return outcome
+
+
+def _save_at_exit() -> None:
+    """Replace the job's profile with this process's, if it compiled anything."""
+    from compileq.cache.counters import Counter
+
+    try:
+        from torch._dynamo.utils import counters
+
+        if "torch._inductor.compile_fx" not in sys.modules:
+            return
+        inductor, aot = counters["inductor"], counters["aot_autograd"]
+        missed = inductor.get("fxgraph_cache_miss") or aot.get("autograd_cache_miss")
+        loaded = _fetch is not None and _fetch.outcome == "loaded"
+        if loaded and not missed:
+            return  # nothing new: the profile this process loaded stands
+        import torch
+
+        saved = torch.compiler.save_cache_artifacts()
+        if saved is None:
+            return
+        blob = saved[0]
+        store = _store
+        if store is None:
+            return
+        store.replace(profile_key(_fetch.job if _fetch else job_id()), blob)
+        store.count({Counter.PROFILE_SAVES: 1})
+    except Exception as e:  # EntryTooLarge, Redis gone at exit: the job's result stands
+        warn_once("profile-save", "compileq: job profile not saved (%s)", e)

@@ -1,0 +1,91 @@
+"""Job profiles (scheduler/profiles.py), on CPU: a job saves what it compiled at exit, and the
+same job on a new machine loads it into its local caches while it imports. Real redis-server,
+a real --cpu-only worker, real torch.compile under ``compileq run``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import redis
+
+from compileq import keys
+from compileq.scheduler.profiles import PROFILE
+from tests.conftest import Env, Worker, stats
+from tests.scripts import LLAMA, run_script
+
+SMALL = ("--layers", "2")
+#: Remote graph lookups: a new machine that loaded its profile makes none of these.
+REMOTE_GRAPH_LOOKUPS = ("fx_hits", "fx_misses", "aot_hits", "aot_misses")
+
+
+def profiles(client: redis.Redis) -> list[bytes]:
+    return sorted(client.scan_iter(match=keys.artifact(PROFILE, "*")))
+
+
+def test_a_new_machine_loads_the_jobs_profile_and_finds_its_graphs_locally(
+    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
+) -> None:
+    first = run_script(env, tmp_path, "first", LLAMA, *SMALL)
+    assert first.ranks[0]["matches_eager"] is True
+    after_first = stats(env, tmp_path)
+    assert after_first["profile_saves"] == 1 and after_first["profile_misses"] == 1
+    assert len(profiles(clean_cache)) == 1
+
+    # The same job on empty local dirs (another --rank-caches path: a path is not the job).
+    second = run_script(env, tmp_path, "second", LLAMA, *SMALL)
+    assert second.ranks[0]["losses"] == first.ranks[0]["losses"]
+    assert second.ranks[0]["matches_eager"] is True
+    after = stats(env, tmp_path)
+    assert after["profile_loads"] == 1 and after["profile_rejected"] == 0
+    assert after["profile_bytes"] > 0
+    # Inductor found both graphs and the AOTAutograd entry in its local dirs: no remote
+    # graph lookup, no codegen anywhere, nothing saved again.
+    assert {c: after[c] for c in REMOTE_GRAPH_LOOKUPS} == {
+        c: after_first[c] for c in REMOTE_GRAPH_LOOKUPS
+    }
+    assert after["fx_remote_compiles"] == after_first["fx_remote_compiles"]
+    assert after["fx_local_compiles"] == 0 and after["fallbacks"] == 0
+    assert after["profile_saves"] == 1
+
+
+def test_a_changed_script_does_not_use_the_old_profile(
+    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
+) -> None:
+    run_script(env, tmp_path, "first", LLAMA, *SMALL)
+    edited = tmp_path / "llama_script.py"
+    edited.write_text(LLAMA.read_text().replace("def forward", "def forward", 1) + "\n# edited\n")
+    run = run_script(env, tmp_path, "edited", edited, *SMALL)
+    assert run.ranks[0]["matches_eager"] is True
+    counters = stats(env, tmp_path)
+    assert counters["profile_loads"] == 0 and counters["profile_misses"] == 2
+    assert len(profiles(clean_cache)) == 2  # each script its own job
+
+
+def test_a_tampered_truncated_or_oversized_profile_is_ignored_counted_and_the_job_completes(
+    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
+) -> None:
+    run_script(env, tmp_path, "first", LLAMA, *SMALL)
+    [key] = profiles(clean_cache)
+    good = clean_cache.get(key)
+    assert good is not None
+    spoiled = {
+        "tampered": good[:-40] + bytes(b ^ 1 for b in good[-40:]),
+        "truncated": good[: len(good) // 2],
+    }
+    for name, value in spoiled.items():
+        clean_cache.set(key, value)
+        run = run_script(env, tmp_path, name, LLAMA, *SMALL)
+        assert run.ranks[0]["matches_eager"] is True, name
+    counters = stats(env, tmp_path)
+    assert counters["profile_rejected"] == 2 and counters["profile_loads"] == 0
+    assert counters["integrity_failures"] >= 2
+
+    # Over the cap this client reads: refused before it is read, counted.
+    clean_cache.set(key, good)
+    small = str(len(good) // 4)
+    run = run_script(
+        env, tmp_path, "capped", LLAMA, *SMALL, extra_env={"COMPILEQ_MAX_ENTRY_BYTES": small}
+    )
+    assert run.ranks[0]["matches_eager"] is True
+    assert stats(env, tmp_path)["profile_rejected"] == 3
