@@ -112,6 +112,9 @@ class KernelClient:
         #: Keys whose lease this client holds but could not release while Redis was down:
         #: released once Redis answers again (see release_orphans).
         self._orphans: set[str] = set()
+        #: Leases of jobs this process sent ahead without waiting for them (speculative): a
+        #: Redis failure may lose their messages, so they become orphans too.
+        self._ahead: set[str] = set()
         self._down_until = 0.0
         self._closed = threading.Event()
         self._subscribed = threading.Event()
@@ -152,6 +155,16 @@ class KernelClient:
         """``key``'s lease is ours, but Redis failed before we could release it."""
         with self._lock:
             self._orphans.add(key)
+
+    def sent_ahead(self, key: str) -> None:
+        """This process sent ``key``'s job and holds its lease, but waits for it later."""
+        with self._lock:
+            self._ahead.add(key)
+
+    def received(self, key: str) -> None:
+        """``key``'s output is here: the worker dropped its lease."""
+        with self._lock:
+            self._ahead.discard(key)
 
     def release_orphans(self) -> None:
         """Hand back the leases Redis failure kept us from releasing, now that it answers.
@@ -528,6 +541,12 @@ class KernelClient:
 
     def _redis_failed(self, error: Exception) -> None:
         self._down_until = time.monotonic() + self._settings.retry_after_s
+        with self._lock:
+            # A failover may have lost the messages of the jobs sent ahead, not their
+            # leases (replicated): hand those back too once Redis answers, else everyone
+            # who needs such a graph waits a whole deadline for a build that never comes.
+            self._orphans |= self._ahead
+            self._ahead.clear()
         warn_once(
             "redis-down",
             "compileq: Redis at %s failed (%s); compiling locally",

@@ -223,6 +223,7 @@ def run_remote(
     try:
         entry = store.get_many([key])[0]
         if entry is not None:  # this very input was generated before (by anyone)
+            client.received(key)
             return entry.payload()
         pubsub = store.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
         try:
@@ -256,7 +257,10 @@ def send_ahead(client: KernelClient, job: FxJob, queue: str) -> bool:
     try:
         if client.store.get_many([key])[0] is not None:
             return False
-        return _send_once(client, job, key, queue)
+        sent = _send_once(client, job, key, queue)
+        if sent:
+            client.sent_ahead(key)
+        return sent
     except (redis.RedisError, EntryTooLarge, Fallback):
         return False
 
@@ -290,7 +294,10 @@ def _send_once(client: KernelClient, job: FxJob, key: str, queue: str) -> bool:
         client.orphan_lease(key)
         raise
     except Exception as e:  # kombu raises its own OperationalError family; EntryTooLarge
-        leases.release(store.client, key, client.client_id)
+        try:
+            leases.release(store.client, key, client.client_id)
+        except redis.RedisError:  # a failover under way: the broker and Redis alike
+            client.orphan_lease(key)
         if isinstance(e, EntryTooLarge):
             raise
         raise Fallback("fx-broker", f"cannot reach the broker ({e})") from e
@@ -321,6 +328,7 @@ def _wait(client: KernelClient, pubsub: Any, key: str, deadline: float) -> bytes
             last_poll = time.monotonic()
             entry = store.get_many([key])[0]
             if entry is not None:
+                client.received(key)
                 return entry.payload()
             if ours is not None:  # announced, then evicted or rejected as corrupt
                 raise Fallback("fx-lost", "the worker's output is missing from the store")
