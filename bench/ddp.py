@@ -81,7 +81,7 @@ def run_job(
     if mode.startswith("compileq"):
         argv = [sys.executable, "-m", "compileq.cli", "run", "--", *argv]
         env["COMPILEQ_SPECULATE"] = "0" if mode == "compileq-lazy" else "1"
-        env["COMPILEQ_PROFILES"] = "0" if mode == "compileq-no-profile" else "1"
+        env["COMPILEQ_PROFILES"] = "0" if mode == "compileq-no-profile" else "1"  # opt-in
     elif mode == "stock-remote":
         env.update(cluster.stock_remote_env())
     before = cluster.stats()

@@ -15,6 +15,8 @@ from tests.conftest import Env, Worker, stats
 from tests.scripts import LLAMA, run_script
 
 SMALL = ("--layers", "2")
+#: Profiles are opt-in.
+ON = {"COMPILEQ_PROFILES": "1"}
 #: Remote graph lookups: a new machine that loaded its profile makes none of these.
 REMOTE_GRAPH_LOOKUPS = ("fx_hits", "fx_misses", "aot_hits", "aot_misses")
 
@@ -26,14 +28,14 @@ def profiles(client: redis.Redis) -> list[bytes]:
 def test_a_new_machine_loads_the_jobs_profile_and_finds_its_graphs_locally(
     env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
 ) -> None:
-    first = run_script(env, tmp_path, "first", LLAMA, *SMALL)
+    first = run_script(env, tmp_path, "first", LLAMA, *SMALL, extra_env=ON)
     assert first.ranks[0]["matches_eager"] is True
     after_first = stats(env, tmp_path)
     assert after_first["profile_saves"] == 1 and after_first["profile_misses"] == 1
     assert len(profiles(clean_cache)) == 1
 
     # The same job on empty local dirs (another --rank-caches path: a path is not the job).
-    second = run_script(env, tmp_path, "second", LLAMA, *SMALL)
+    second = run_script(env, tmp_path, "second", LLAMA, *SMALL, extra_env=ON)
     assert second.ranks[0]["losses"] == first.ranks[0]["losses"]
     assert second.ranks[0]["matches_eager"] is True
     after = stats(env, tmp_path)
@@ -52,10 +54,10 @@ def test_a_new_machine_loads_the_jobs_profile_and_finds_its_graphs_locally(
 def test_a_changed_script_does_not_use_the_old_profile(
     env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
 ) -> None:
-    run_script(env, tmp_path, "first", LLAMA, *SMALL)
+    run_script(env, tmp_path, "first", LLAMA, *SMALL, extra_env=ON)
     edited = tmp_path / "llama_script.py"
     edited.write_text(LLAMA.read_text().replace("def forward", "def forward", 1) + "\n# edited\n")
-    run = run_script(env, tmp_path, "edited", edited, *SMALL)
+    run = run_script(env, tmp_path, "edited", edited, *SMALL, extra_env=ON)
     assert run.ranks[0]["matches_eager"] is True
     counters = stats(env, tmp_path)
     assert counters["profile_loads"] == 0 and counters["profile_misses"] == 2
@@ -65,7 +67,7 @@ def test_a_changed_script_does_not_use_the_old_profile(
 def test_a_tampered_truncated_or_oversized_profile_is_ignored_counted_and_the_job_completes(
     env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
 ) -> None:
-    run_script(env, tmp_path, "first", LLAMA, *SMALL)
+    run_script(env, tmp_path, "first", LLAMA, *SMALL, extra_env=ON)
     [key] = profiles(clean_cache)
     good = clean_cache.get(key)
     assert good is not None
@@ -75,7 +77,7 @@ def test_a_tampered_truncated_or_oversized_profile_is_ignored_counted_and_the_jo
     }
     for name, value in spoiled.items():
         clean_cache.set(key, value)
-        run = run_script(env, tmp_path, name, LLAMA, *SMALL)
+        run = run_script(env, tmp_path, name, LLAMA, *SMALL, extra_env=ON)
         assert run.ranks[0]["matches_eager"] is True, name
     counters = stats(env, tmp_path)
     assert counters["profile_rejected"] == 2 and counters["profile_loads"] == 0
@@ -85,7 +87,7 @@ def test_a_tampered_truncated_or_oversized_profile_is_ignored_counted_and_the_jo
     clean_cache.set(key, good)
     small = str(len(good) // 4)
     run = run_script(
-        env, tmp_path, "capped", LLAMA, *SMALL, extra_env={"COMPILEQ_MAX_ENTRY_BYTES": small}
+        env, tmp_path, "capped", LLAMA, *SMALL, extra_env={**ON, "COMPILEQ_MAX_ENTRY_BYTES": small}
     )
     assert run.ranks[0]["matches_eager"] is True
     assert stats(env, tmp_path)["profile_rejected"] == 3

@@ -164,9 +164,10 @@ class Settings(BaseSettings):
         description="Generate FX graphs' code on workers (`compileq run` turns it on; see --no-fx).",
     )
     profiles: bool = Field(
-        True,
+        False,
         description="Save each job's compiled artifacts as its profile at exit, and fetch the "
-        "profile while a new process imports (see scheduler/profiles.py).",
+        "profile while a new process imports (see scheduler/profiles.py). Opt-in until its "
+        "benefit and its cost to a cold job are measured on the GPU.",
     )
     speculate: bool = Field(
         True,

@@ -23,6 +23,9 @@ replaces the document (for a launcher whose arguments differ per run). A model e
 another module keeps the id: its profile then loads entries nobody looks up (the fetch is its
 whole cost) and is replaced when the job saves again.
 
+**Opt-in** (``COMPILEQ_PROFILES=1``) until its benefit and its cost to a cold job are measured
+on the GPU.
+
 **When.** Under ``compileq run`` every Python process starts the fetch from its start-up hook,
 before ``import torch`` (:func:`prefetch`), on a daemon thread that waits on the socket without
 the GIL. The first compile (Dynamo's call into Inductor's ``compile_fx``) waits for it, at most
@@ -139,10 +142,13 @@ def profile_key(job: str) -> str:
     return keys.artifact(PROFILE, job)
 
 
-def prefetch() -> None:
-    """Start fetching this process's profile (from ``compileq run``'s start-up hook)."""
+def prefetch(wanted: bool | None = None) -> None:
+    """Start fetching this process's profile (from ``compileq run``'s start-up hook, which
+    reads ``COMPILEQ_PROFILES`` itself: settings would import pydantic before torch)."""
     global _fetch
-    if _fetch is not None or os.environ.get("COMPILEQ_PROFILES", "1") in ("0", "false"):
+    if wanted is None:
+        wanted = os.environ.get("COMPILEQ_PROFILES", "0").lower() in ("1", "true")
+    if _fetch is not None or not wanted:
         return
     try:
         _fetch = _Fetch(job_id())
@@ -156,7 +162,7 @@ def enable(store: Any) -> None:
     """At install(): load the fetched profile at the first compile; save one at exit."""
     global _store
     if _fetch is None:
-        prefetch()  # install() without `compileq run`: the fetch starts now
+        prefetch(wanted=True)  # install() without `compileq run`: the fetch starts now
     from compileq.scheduler import import_hooks
 
     import_hooks.after_import("torch._inductor.compile_fx", _load_before_first_compile)
