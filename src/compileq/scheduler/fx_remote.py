@@ -234,7 +234,9 @@ def run_remote(
             leased = _send_once(client, job, key, queue)
             if leased:
                 meanwhile()
-            return _wait(client, pubsub, key, deadline)
+            output = _wait(client, pubsub, key, deadline)
+            client.received(key)
+            return output
         finally:
             pubsub.close()
     except redis.RedisError as e:
@@ -328,7 +330,6 @@ def _wait(client: KernelClient, pubsub: Any, key: str, deadline: float) -> bytes
             last_poll = time.monotonic()
             entry = store.get_many([key])[0]
             if entry is not None:
-                client.received(key)
                 return entry.payload()
             if ours is not None:  # announced, then evicted or rejected as corrupt
                 raise Fallback("fx-lost", "the worker's output is missing from the store")
