@@ -61,7 +61,6 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
     ) -> Any:
         if speculative.speculating():
             self._send_ahead(gm, example_inputs, inputs_to_check, graph_kwargs)
-        speculative.forward_missed()
         fx_remote.mark_remote(False)
         self._stock_ran = False
         try:

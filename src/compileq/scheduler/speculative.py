@@ -64,7 +64,9 @@ class _Pending:
     send: Callable[[], None]
     #: Under DDPOptimizer: sent when the subgraph's fake run ends, not inside the forward.
     ddp: bool = False
-    forward_missed: bool = False
+    #: The forward missed every cache and its job went to a worker: the backward is worth
+    #: sending (a forward compiled here, with no worker, makes speculation pure cost).
+    forward_sent: bool = False
     sent: bool = False
 
 
@@ -226,19 +228,16 @@ def _when_inputs_are_final(pending: _Pending) -> None:
     # else a DDPOptimizer this torch lays out otherwise: nothing is sent, the backward stays lazy
 
 
-def forward_missed() -> None:
-    """Called as a graph's codegen begins here: if it is the forward of a graph partitioned
-    just now, its backward will be worth sending (the forward missed every cache)."""
-    pending: _Pending | None = getattr(_thread, "pending", None)
-    if pending is not None and not speculating():
-        pending.forward_missed = True
-
-
 def forward_sent() -> None:
-    """Called once the forward's job is with a worker, before waiting for it: send the
-    backward now, inside the forward's compile (see ``_outside_the_forward_compile``)."""
+    """Called once a graph's job is with a worker, before waiting for it. If that graph is the
+    forward of a graph partitioned just now, send its backward now, inside the forward's
+    compile (see ``_outside_the_forward_compile``); under DDPOptimizer, mark it for the end
+    of the subgraph's fake run."""
     pending: _Pending | None = getattr(_thread, "pending", None)
-    if pending is None or pending.ddp or not pending.forward_missed or speculating():
+    if pending is None or speculating():
+        return
+    pending.forward_sent = True
+    if pending.ddp:
         return
     try:
         with _outside_the_forward_compile():
@@ -291,7 +290,7 @@ def _run_node_then_send(original: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             _thread.after_submodule = outer
         for each in pending:
-            if each.forward_missed:
+            if each.forward_sent:
                 _send_once(each)
         return out
 
