@@ -77,9 +77,11 @@ def test_a_ddp_jobs_backwards_are_sent_once_and_generated_beside_the_forwards(
     graphs = run.ranks[0]["graphs"]
     assert graphs >= 6
     counters = stats(env, tmp_path)
-    # One rank sent each bucket's backward; the other found the job in flight or done.
-    assert counters["fx_sent_ahead"] == graphs // 2
-    assert counters["fx_remote_compiles"] == graphs
+    # The rank that sent a bucket's forward sends its backward ahead; the other finds that job
+    # in flight or done. (A rank already in its backward pass may ask for a bucket's backward
+    # before the other sends it ahead: then that one is sent by its lazy compile, once.)
+    assert 1 <= counters["fx_sent_ahead"] <= graphs // 2
+    assert counters["fx_remote_compiles"] == graphs  # nothing generated twice
     assert counters["fx_local_compiles"] == 0 and counters["fallbacks"] == 0
     assert overlapping(fx_builds(env, tmp_path)) >= graphs // 2
 
