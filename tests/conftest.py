@@ -200,7 +200,8 @@ def warm_json(env: Env, manifest: Path, tmp: Path, **more: str) -> dict[str, flo
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def stats(env: Env, tmp: Path) -> dict[str, int]:
+def stats(env: Env, tmp: Path) -> dict[str, Any]:
+    """``compileq stats --json``: counters (ints), and the nested tables (queues, slowest)."""
     proc = run_cli(env, "stats", "--json", tmp=tmp)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

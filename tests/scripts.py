@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import Env, compileq_cmd
+from tests.conftest import Env, compileq_cmd, stats
 
 LLAMA = Path(__file__).resolve().parents[1] / "examples" / "llama_script.py"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
@@ -25,6 +25,18 @@ _KERNEL_PATH = re.compile(r"^# kernel path: .*$", re.MULTILINE)
 #: not, the ptxas Triton found first: equal toolchains (routing checks the assembler itself),
 #: two spellings. It names autotuning results, never changes the code.
 _BACKEND_HASH = re.compile(r"'backend_hash': '[0-9A-F]+'")
+
+
+def fx_builds(env: Env, tmp: Path) -> list[dict[str, Any]]:
+    """The workers' FX codegens as ``compileq stats`` lists them: start and seconds each."""
+    builds: list[dict[str, Any]] = stats(env, tmp)["slowest"]["fxcode"]
+    return builds
+
+
+def overlapping(builds: list[dict[str, Any]]) -> int:
+    """How many pairs of builds ran at the same time."""
+    spans = sorted((b["started"], b["started"] + b["seconds"]) for b in builds)
+    return sum(1 for i, (_, end) in enumerate(spans) for start, _ in spans[i + 1 :] if start < end)
 
 
 @dataclass

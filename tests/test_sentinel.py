@@ -248,19 +248,26 @@ def doctor(ha: HA, tmp: Path) -> dict[str, dict[str, Any]]:
     return {c["name"]: c for c in json.loads(proc.stdout.strip().splitlines()[-1])["checks"]}
 
 
-def warm(ha: HA, tmp: Path, **more: str) -> subprocess.Popen[str]:
+def start(ha: HA, tmp: Path, *args: str, **more: str) -> subprocess.Popen[str]:
+    """``compileq ARGS`` in the background on ``tmp``'s cache dirs, retrying Redis soon after
+    a failure; its stdin, stdout and stderr piped."""
     return subprocess.Popen(
-        compileq_cmd("warm", str(GPT), "--json"),
+        compileq_cmd(*args),
         env=ha.env.vars(
             TRITON_CACHE_DIR=str(tmp / "triton"),
             TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor"),
             COMPILEQ_RETRY_AFTER_S=RETRY_AFTER_S,
             **more,
         ),
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def warm(ha: HA, tmp: Path, **more: str) -> subprocess.Popen[str]:
+    return start(ha, tmp, "warm", str(GPT), "--json", **more)
 
 
 def report_of(proc: subprocess.Popen[str], timeout: float = 180) -> tuple[dict[str, Any], str]:
@@ -370,18 +377,7 @@ def test_the_primary_killed_mid_training_step_fails_over_and_the_process_uses_th
             db.delete(key)
     reset_counters(db)
     widths = ("24", "40")  # neither a graph compiled before in this session
-    proc = subprocess.Popen(
-        compileq_cmd("run", "--", sys.executable, str(STEPS), *widths, "--pause"),
-        env=ha.env.vars(
-            TRITON_CACHE_DIR=str(tmp_path / "triton"),
-            TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
-            COMPILEQ_RETRY_AFTER_S=RETRY_AFTER_S,
-        ),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start(ha, tmp_path, "run", "--", sys.executable, str(STEPS), *widths, "--pause")
     assert proc.stdin is not None and proc.stdout is not None
     try:
         # A graph sent to the worker: the step is under way, its codegen on the worker.

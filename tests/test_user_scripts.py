@@ -14,7 +14,7 @@ from pathlib import Path
 import redis
 
 from tests.conftest import Env, Worker, compileq_cmd, stats
-from tests.scripts import LLAMA, code_diff, output_code, run_script
+from tests.scripts import LLAMA, code_diff, fx_builds, output_code, overlapping, run_script
 from tests.test_fx_remote import COMPILES
 
 #: A small model: two graphs (forward, backward), a shorter suite.
@@ -80,6 +80,12 @@ def test_a_ddp_job_generates_each_subgraph_once_and_a_second_job_compiles_nothin
     assert after_first["fx_remote_compiles"] == graphs
     assert after_first["fx_local_compiles"] == 0 and after_first["fallbacks"] == 0
     assert after_first["fx_hits"] >= graphs
+    # Each bucket's backward went to the worker beside the later forwards (speculative.py):
+    # sent ahead by the rank that sent its forward, the other finding that job in flight or
+    # done. (A rank already in its backward pass may ask for a bucket's backward before the
+    # other sends it ahead: then that one is sent by its lazy compile, once.)
+    assert 1 <= after_first["fx_sent_ahead"] <= graphs // 2
+    assert overlapping(fx_builds(env, tmp_path)) >= graphs // 2
 
     # The same job again on fresh local dirs, as on new machines: nothing compiles anywhere.
     second = run_script(env, tmp_path, "ddp2", LLAMA, *DDP, nproc=2)

@@ -131,7 +131,7 @@ class RedisStore(Store):
             return []
         blobs = self.read_bounded(keys)
         return [
-            None if blob is None else self._verify(key, blob)
+            None if blob is None else self.verified(key, blob)
             for key, blob in zip(keys, blobs, strict=True)
         ]
 
@@ -147,7 +147,9 @@ class RedisStore(Store):
         entry = self.get_many([key])[0]
         return None if entry is None else entry.payload()
 
-    def _verify(self, key: str, blob: bytes | int) -> Entry | None:
+    def verified(self, key: str, blob: bytes | int) -> Entry | None:
+        """The entry ``blob`` (a value of ``read_bounded``) holds if it verifies; else None,
+        counted (and a corrupt one removed)."""
         if isinstance(blob, int):  # over the cap, or not a string: never read, never ours
             what = "not a string" if blob < 0 else f"{blob} bytes, over the cap"
             warn_once("oversized", "compileq: cache entry %s is %s; treated as a miss", key, what)

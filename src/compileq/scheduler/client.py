@@ -156,6 +156,13 @@ class KernelClient:
         with self._lock:
             self._orphans.add(key)
 
+    def release_lease(self, key: str) -> None:
+        """Hand back ``key``'s lease now, or, if Redis fails, as soon as it answers again."""
+        try:
+            leases.release(self._redis, key, self._id)
+        except redis.RedisError:
+            self.orphan_lease(key)
+
     def sent_ahead(self, key: str) -> None:
         """This process sent ``key``'s job and holds its lease, but waits for it later."""
         with self._lock:

@@ -259,17 +259,13 @@ def send_ahead(client: KernelClient, job: FxJob, queue: str) -> bool:
     try:
         if client.store.get_many([key])[0] is not None:
             return False
-        sent = _send_once(client, job, key, queue)
-        if sent:
-            client.sent_ahead(key)
-        return sent
+        if not _send_once(client, job, key, queue):
+            return False
+        client.sent_ahead(key)
+        client.store.count({Counter.FX_SENT_AHEAD: 1})
+        return True
     except (redis.RedisError, EntryTooLarge, Fallback):
         return False
-
-
-def count_sent_ahead(client: KernelClient) -> None:
-    with contextlib.suppress(redis.RedisError):
-        client.store.count({Counter.FX_SENT_AHEAD: 1})
 
 
 def _send_once(client: KernelClient, job: FxJob, key: str, queue: str) -> bool:
@@ -296,10 +292,7 @@ def _send_once(client: KernelClient, job: FxJob, key: str, queue: str) -> bool:
         client.orphan_lease(key)
         raise
     except Exception as e:  # kombu raises its own OperationalError family; EntryTooLarge
-        try:
-            leases.release(store.client, key, client.client_id)
-        except redis.RedisError:  # a failover under way: the broker and Redis alike
-            client.orphan_lease(key)
+        client.release_lease(key)  # a failover takes the broker and Redis down alike
         if isinstance(e, EntryTooLarge):
             raise
         raise Fallback("fx-broker", f"cannot reach the broker ({e})") from e
@@ -364,23 +357,12 @@ def _activate(module: Any) -> None:
         # importing compile_fx_subproc now would import the half-made compile_fx_ext and
         # fail the script's own import. So activate at the first graph codegen, which looks
         # fx_codegen_and_compile up in compile_fx's globals at each call.
-        _activate_on_first_codegen(module)
+        import_hooks.before_first_call(module, "fx_codegen_and_compile", lambda: _activate(module))
         return
     try:
         _patch(module)
     except Exception as e:  # compileq may leave codegen where it is, never fail an import
         warn_once("fx-activate", "compileq: FX codegen stays in process (%s)", e)
-
-
-def _activate_on_first_codegen(module: Any) -> None:
-    original = module.fx_codegen_and_compile
-
-    def first(*args: Any, **kwargs: Any) -> Any:
-        module.fx_codegen_and_compile = original
-        _activate(module)
-        return original(*args, **kwargs)
-
-    module.fx_codegen_and_compile = first
 
 
 def _patch(module: Any) -> None:

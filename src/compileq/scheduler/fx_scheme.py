@@ -85,7 +85,7 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
         """Send this graph's job without waiting for it (see ``speculative``); then stop the
         compile. Anything in the way only means nothing is sent: the real compile decides."""
         try:
-            route = fx_remote.choose_route(gm, example_inputs)
+            route = self._route = fx_remote.choose_route(gm, example_inputs)
             graph_key = fx_key.graph_key(
                 gm, example_inputs, graph_kwargs, inputs_to_check, route.device_index
             )
@@ -93,17 +93,26 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
             # Without Inductor's hash the key is the pickled bytes, which differ from process
             # to process and call to call: the real compile would never find the job.
             if graph_key is not None and client is not None:
-                with wire(route.device_index):
-                    serialized = super().serialize_compile(
-                        gm, example_inputs, inputs_to_check, graph_kwargs
-                    )
+                serialized = self._serialize(gm, example_inputs, inputs_to_check, graph_kwargs)
                 if serialized is not None:
-                    job = self._job(route, serialized[0], graph_key)
-                    if fx_remote.send_ahead(client, job, route.queue):
-                        fx_remote.count_sent_ahead(client)
+                    fx_remote.send_ahead(
+                        client, self._job(route, serialized[0], graph_key), route.queue
+                    )
         except Exception as e:
             log.debug("compileq: backward not sent ahead: %s: %s", type(e).__name__, e)
         raise speculative.Sent
+
+    def _serialize(
+        self,
+        gm: Any,
+        example_inputs: Sequence[Any],
+        inputs_to_check: Sequence[int],
+        graph_kwargs: Any,
+    ) -> Any:
+        """Inductor's pickled input, written for compileq's wire (see ``fx_wire``)."""
+        route = self._route
+        with wire(route.device_index if route else None):
+            return super().serialize_compile(gm, example_inputs, inputs_to_check, graph_kwargs)
 
     def _job(
         self, route: Route, pickled: _WireProtocolPickledInput, graph_key: str | None
@@ -124,11 +133,7 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
         inputs_to_check: Sequence[int],
         graph_kwargs: Any,
     ) -> Any:
-        route = self._route
-        with wire(route.device_index if route else None):
-            serialized = super().serialize_compile(
-                gm, example_inputs, inputs_to_check, graph_kwargs
-            )
+        serialized = self._serialize(gm, example_inputs, inputs_to_check, graph_kwargs)
         if serialized is None:  # the base class now compiles in process, exactly as stock
             self._stock_ran = True
             fx_remote.fell_back(

@@ -48,6 +48,23 @@ def after_import(name: str, fn: Callable[[ModuleType], None]) -> None:
     sys.meta_path.insert(0, hook)
 
 
+def before_first_call(module: ModuleType, name: str, fn: Callable[[], object]) -> None:
+    """Run ``fn()`` once, right before the first call of ``module.name``; then the function
+    is put back. For functions their callers look up in ``module`` at each call. Nothing
+    happens if ``module`` does not define ``name`` yet, or if it is waiting already."""
+    original = getattr(module, name, None)
+    if original is None or getattr(original, "_compileq_first_call", False):
+        return
+
+    def first(*args: Any, **kwargs: Any) -> Any:
+        setattr(module, name, original)
+        fn()
+        return original(*args, **kwargs)
+
+    first._compileq_first_call = True  # type: ignore[attr-defined]
+    setattr(module, name, first)
+
+
 def cancel(hook: _AfterImport | None = None) -> None:
     """Forget one pending hook, or all of them."""
     for pending in [hook] if hook is not None else list(_pending):

@@ -47,6 +47,7 @@ from typing import Any
 
 from compileq import keys
 from compileq._log import log, warn_once
+from compileq.scheduler import import_hooks
 
 PROFILE = "profile"
 #: The longest the first compile waits for a fetch still under way; then it goes on without.
@@ -81,13 +82,12 @@ class _Fetch:
                 return
             store = RedisStore(redis_client(settings.redis_url, settings), settings)
             key = profile_key(self.job)
+            # Read once, then verified: get_many would not tell a missing profile from a bad one.
             raw = store.read_bounded([key])[0]
             if raw is None:
                 self.outcome = "missing"
                 return
-            entry = store.get_many([key])[0] if isinstance(raw, bytes) else None
-            if isinstance(raw, int):  # over the cap: counted as an integrity failure there
-                store.get_many([key])
+            entry = store.verified(key, raw)
             if entry is None:
                 self.outcome = "rejected"
                 return
@@ -163,35 +163,22 @@ def enable(store: Any) -> None:
     global _store
     if _fetch is None:
         prefetch(wanted=True)  # install() without `compileq run`: the fetch starts now
-    from compileq.scheduler import import_hooks
-
-    import_hooks.after_import("torch._inductor.compile_fx", _load_before_first_compile)
     if _store is None:
         atexit.register(_save_at_exit)
     _store = store
+    hook_compile_fx()
 
 
 def hook_compile_fx() -> None:
     """Like fx_remote.enable: called again by install()'s second call, once ``compile_fx``
     has finished loading (``compileq run`` installs while it is still loading)."""
     if _store is not None:
-        from compileq.scheduler import import_hooks
-
         import_hooks.after_import("torch._inductor.compile_fx", _load_before_first_compile)
 
 
 def _load_before_first_compile(module: Any) -> None:
-    original = getattr(module, "compile_fx", None)
-    if original is None or getattr(original, "_compileq_profile", False):
-        return
-
-    def compile_fx(*args: Any, **kwargs: Any) -> Any:
-        module.compile_fx = original
-        load()
-        return original(*args, **kwargs)
-
-    compile_fx._compileq_profile = True  # type: ignore[attr-defined]
-    module.compile_fx = compile_fx
+    # Dynamo's Inductor backend looks compile_fx up in its module at each call.
+    import_hooks.before_first_call(module, "compile_fx", load)
 
 
 def load() -> str:
@@ -238,11 +225,12 @@ def _save_at_exit() -> None:
     """Replace the job's profile with this process's, if it compiled anything."""
     from compileq.cache.counters import Counter
 
+    store = _store
+    if store is None or "torch._inductor.compile_fx" not in sys.modules:
+        return
     try:
         from torch._dynamo.utils import counters
 
-        if "torch._inductor.compile_fx" not in sys.modules:
-            return
         inductor, aot = counters["inductor"], counters["aot_autograd"]
         missed = inductor.get("fxgraph_cache_miss") or aot.get("autograd_cache_miss")
         loaded = _fetch is not None and _fetch.outcome == "loaded"
@@ -253,11 +241,7 @@ def _save_at_exit() -> None:
         saved = torch.compiler.save_cache_artifacts()
         if saved is None:
             return
-        blob = saved[0]
-        store = _store
-        if store is None:
-            return
-        store.replace(profile_key(_fetch.job if _fetch else job_id()), blob)
+        store.replace(profile_key(_fetch.job if _fetch else job_id()), saved[0])
         store.count({Counter.PROFILE_SAVES: 1})
     except Exception as e:  # EntryTooLarge, Redis gone at exit: the job's result stands
         warn_once("profile-save", "compileq: job profile not saved (%s)", e)

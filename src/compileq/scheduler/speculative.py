@@ -11,9 +11,9 @@ wait for the forward. The worker generates both at once; the lazy compile later 
 backward's output in the store, or this process's lease on its job, and waits for the worker
 instead of sending it again. Cold time becomes the longer of the two codegens, not their sum.
 
-When: only after the forward missed (a warm cache or a new machine pays nothing: no copy, no
-hash), and under DDPOptimizer once the subgraph has been run on fake inputs (see
-``_when_inputs_are_final``).
+When: only after the forward missed and its job went to a worker (a warm cache, a new machine
+or a missing worker pays nothing: no copy, no hash), and under DDPOptimizer once the subgraph has been run on fake inputs (see
+``_hold``).
 
 What keeps this safe:
 
@@ -59,15 +59,53 @@ _original_load: Any = None
 
 @dataclass
 class _Pending:
-    """A partitioned graph's backward, to send once its forward has missed."""
+    """A partitioned graph's backward, to send once its forward has gone to a worker."""
 
-    send: Callable[[], None]
+    bw_module: Any
+    compiler: Callable[..., Any]
+    aot_config: Any
+    #: What the forward compile sets in the tracing context and the lazy backward compile
+    #: finds there (DDPOptimizer restores it per bucket): codegen reads the donated buffers.
+    fw_metadata: Any
     #: Under DDPOptimizer: sent when the subgraph's fake run ends, not inside the forward.
     ddp: bool = False
     #: The forward missed every cache and its job went to a worker: the backward is worth
     #: sending (a forward compiled here, with no worker, makes speculation pure cost).
     forward_sent: bool = False
     sent: bool = False
+
+    def send(self) -> None:
+        """Run the backward compile as the lazy one will (grad and autocast off, named
+        "backward", on a copy, with the partition's example inputs) until its job is sent;
+        once. Inside the forward's compile or not, with Inductor's per-compile state set
+        aside; any error only means nothing was sent."""
+        import torch
+        from torch._functorch._aot_autograd.logging_utils import track_graph_compiling
+        from torch.fx.experimental.symbolic_shapes import fx_placeholder_vals
+
+        if self.sent:
+            return
+        self.sent = True
+        started = time.perf_counter()
+        try:
+            _patch_cache_lookup()
+            with torch._subclasses.fake_tensor.unset_fake_temporarily():
+                module_copy = copy.deepcopy(self.bw_module)
+            with (
+                _outside_the_forward_compile(),
+                _forward_metadata(self.fw_metadata),
+                _speculation(),
+                torch.no_grad(),
+                torch._C._DisableAutocast(),
+                track_graph_compiling(self.aot_config, "backward"),
+                suppress(Sent),
+            ):
+                self.compiler(module_copy, fx_placeholder_vals(self.bw_module))
+        except Exception as e:  # speculation may be lost, never the compile it rides on
+            warn_once(
+                "speculate", "compileq: backward not sent ahead (%s: %s)", type(e).__name__, e
+            )
+        log.debug("compileq: backward sent ahead in %.3fs", time.perf_counter() - started)
 
 
 class Sent(BaseException):  # a signal through Inductor, not an error
@@ -169,16 +207,16 @@ def _partition_then_send_backward(*args: Any, **kwargs: Any) -> Any:
     assert _original_partition is not None
     result = _original_partition(*args, **kwargs)
     try:
-        send = _backward_sender(result, [*args, *kwargs.values()])
-        if send is not None:
-            _when_inputs_are_final(_Pending(send))
+        pending = _backward_of(result, [*args, *kwargs.values()])
+        if pending is not None:
+            _hold(pending)
     except Exception as e:  # speculation may be lost, never the compile
         warn_once("speculate", "compileq: backward not sent ahead (%s: %s)", type(e).__name__, e)
     return result
 
 
-def _backward_sender(result: Any, args: list[Any]) -> Callable[[], None] | None:
-    """What sends this partition's backward, or None where nothing should be sent."""
+def _backward_of(result: Any, args: list[Any]) -> _Pending | None:
+    """This partition's backward, to send later; None where nothing should be sent."""
     import torch
     from torch._functorch._aot_autograd import graph_compile
     from torch._functorch._aot_autograd.schemas import (
@@ -197,16 +235,14 @@ def _backward_sender(result: Any, args: list[Any]) -> Callable[[], None] | None:
     compiler = getattr(_thread, "bw_compiler", None) or aot_config.bw_compiler
     if not callable(compiler) or not fx_remote.active() or not _wanted():
         return None
-    # What the forward compile sets in the tracing context and the lazy backward compile finds
-    # there (DDPOptimizer restores it per bucket): codegen reads the donated buffers in it.
     subclass_meta = next((a for a in args if isinstance(a, SubclassMeta)), None)
     inner = (
         None if fw_metadata is None else graph_compile._get_inner_meta(subclass_meta, fw_metadata)
     )
-    return lambda: _send(bw_module, compiler, aot_config, inner)
+    return _Pending(bw_module, compiler, aot_config, inner)
 
 
-def _when_inputs_are_final(pending: _Pending) -> None:
+def _hold(pending: _Pending) -> None:
     """Hold the send for the forward's compile (``forward_sent``); under DDPOptimizer, for
     the end of the subgraph's fake run.
 
@@ -237,23 +273,8 @@ def forward_sent() -> None:
     if pending is None or speculating():
         return
     pending.forward_sent = True
-    if pending.ddp:
-        return
-    try:
-        with _outside_the_forward_compile():
-            _send_once(pending)
-    except Exception as e:  # speculation may be lost, never the forward it rides on
-        warn_once("speculate", "compileq: backward not sent ahead (%s: %s)", type(e).__name__, e)
-
-
-def _send_once(pending: _Pending) -> None:
-    if pending.sent:
-        return
-    pending.sent = True
-    try:
+    if not pending.ddp:
         pending.send()
-    except Exception as e:  # speculation may be lost, never the compile
-        warn_once("speculate", "compileq: backward not sent ahead (%s: %s)", type(e).__name__, e)
 
 
 @contextmanager
@@ -291,34 +312,11 @@ def _run_node_then_send(original: Callable[..., Any]) -> Callable[..., Any]:
             _thread.after_submodule = outer
         for each in pending:
             if each.forward_sent:
-                _send_once(each)
+                each.send()
         return out
 
     run_node.__wrapped__ = original  # type: ignore[attr-defined]
     return run_node
-
-
-def _send(bw_module: Any, compiler: Callable[..., Any], aot_config: Any, fw_metadata: Any) -> None:
-    """Run the backward compile as the lazy one will (grad and autocast off, named
-    "backward", on a copy, with the partition's example inputs) until its job is sent."""
-    import torch
-    from torch._functorch._aot_autograd.logging_utils import track_graph_compiling
-    from torch.fx.experimental.symbolic_shapes import fx_placeholder_vals
-
-    _patch_cache_lookup()
-    started = time.perf_counter()
-    with torch._subclasses.fake_tensor.unset_fake_temporarily():
-        module_copy = copy.deepcopy(bw_module)
-    with (
-        _forward_metadata(fw_metadata),
-        _speculation(),
-        torch.no_grad(),
-        torch._C._DisableAutocast(),
-        track_graph_compiling(aot_config, "backward"),
-        suppress(Sent),
-    ):
-        compiler(module_copy, fx_placeholder_vals(bw_module))
-    log.debug("compileq: backward sent ahead in %.3fs", time.perf_counter() - started)
 
 
 @contextmanager
