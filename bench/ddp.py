@@ -45,16 +45,20 @@ from bench.harness import ROOT, Cluster, new_workdir
 SCRIPT = ROOT / "examples" / "llama_script.py"
 GPU_ARGS = ("--device", "cuda", "--width", "512", "--layers", "8", "--bucket-mb", "4")
 CPU_ARGS = ("--width", "128", "--layers", "4", "--bucket-mb", "1")
-RUNS = (
-    "stock_cold",
-    "stock_warm_local",
-    "stock_remote_fill",
-    "stock_remote_new",
-    "compileq_cold_lazy",
-    "compileq_cold",
-    "compileq_new",
-    "compileq_new_no_profile",
+#: Each run: its name, how it runs, and what comes before it ("flush": compileq's store and
+#: stock's remote cache emptied; "cold": that and the worker's local caches wiped; "reuse":
+#: stock's cold run's local dirs, so a warm local cache).
+PLAN = (
+    ("stock_cold", "stock", "flush"),
+    ("stock_warm_local", "stock", "reuse"),
+    ("stock_remote_fill", "stock-remote", None),
+    ("stock_remote_new", "stock-remote", None),
+    ("compileq_cold_lazy", "compileq-lazy", "cold"),
+    ("compileq_cold", "compileq", "cold"),
+    ("compileq_new", "compileq", None),
+    ("compileq_new_no_profile", "compileq-no-profile", None),
 )
+RUNS = tuple(name for name, _, _ in PLAN)
 
 
 def run_job(
@@ -114,43 +118,39 @@ def main(argv: list[str] | None = None) -> int:
     gpus = torch.cuda.device_count()
     parser.add_argument("--nproc", type=int, default=gpus or 2)
     parser.add_argument("--reps", type=int, default=1)
+    parser.add_argument(
+        "--runs",
+        default=",".join(RUNS),
+        help="which runs, comma-separated (a run that needs another's dirs needs that run too)",
+    )
     parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "bench-out"))
     parser.add_argument("script_args", nargs="*", help="after --: llama_script.py arguments")
     args = parser.parse_args(argv)
+    chosen = args.runs.split(",")
+    if unknown := set(chosen) - set(RUNS):
+        parser.error(f"unknown runs {sorted(unknown)}; choose from {', '.join(RUNS)}")
     script_args = args.script_args or list(GPU_ARGS if gpus else CPU_ARGS)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     workdir = new_workdir()
     cluster = Cluster(workdir, gpu=bool(gpus)).start()
-    results: dict[str, list[dict[str, Any]]] = {name: [] for name in RUNS}
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name in RUNS if name in chosen}
     started = time.monotonic()
     try:
         worker_started = time.monotonic()
         cluster.start_worker(4, gpus="all" if gpus else None)
         worker_ready_s = round(time.monotonic() - worker_started, 1)
         for rep in range(args.reps):
-            cluster.flush()
-            for name, mode in (
-                ("stock_cold", "stock"),
-                ("stock_warm_local", "stock"),
-                ("stock_remote_fill", "stock-remote"),
-                ("stock_remote_new", "stock-remote"),
-            ):
-                reuse = f"stock_cold-{rep}" if name == "stock_warm_local" else None
+            for name, mode, before in PLAN:
+                if name not in chosen:
+                    continue
+                if before in ("flush", "cold"):
+                    cluster.flush()
+                if before == "cold":
+                    cluster.wipe_worker_caches()
+                reuse = f"stock_cold-{rep}" if before == "reuse" else None
                 results[name].append(
                     run_job(cluster, workdir, f"{name}-{rep}", args.nproc, script_args, mode, reuse)
-                )
-            for name, mode in (
-                ("compileq_cold_lazy", "compileq-lazy"),
-                ("compileq_cold", "compileq"),
-                ("compileq_new", "compileq"),
-                ("compileq_new_no_profile", "compileq-no-profile"),
-            ):
-                if name.startswith("compileq_cold"):
-                    cluster.flush()
-                    cluster.wipe_worker_caches()
-                results[name].append(
-                    run_job(cluster, workdir, f"{name}-{rep}", args.nproc, script_args, mode)
                 )
     finally:
         cluster.close()
@@ -175,8 +175,10 @@ def render(meta: dict[str, Any], results: dict[str, list[dict[str, Any]]]) -> st
     def median(name: str, field: str) -> float:
         return statistics.median(r[field] for r in results[name])
 
-    stock_cold = median("stock_cold", "all_done_s")
-    stock_new = median("stock_remote_new", "all_done_s")
+    def base(name: str) -> float | None:
+        stock = "stock_remote_new" if "_new" in name else "stock_cold"
+        return median(stock, "all_done_s") if results.get(stock) else None
+
     lines = [
         f"DDP on {meta['nproc']} ranks ({meta['device']}, torch {meta['torch']}); "
         f"worker ready in {meta['worker_ready_s']} s",
@@ -185,11 +187,12 @@ def render(meta: dict[str, Any], results: dict[str, list[dict[str, Any]]]) -> st
         "| backwards sent ahead | fallbacks | losses = stock |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    reference = results["stock_cold"][0]["losses"]
-    for name in RUNS:
-        rows = results[name]
+    # Losses are compared with stock's cold run, or, without it, with the first run made.
+    reference = (results.get("stock_cold") or next(iter(results.values())))[0]["losses"]
+    for name, rows in results.items():
         last = rows[-1]
-        base = stock_new if "_new" in name else stock_cold
+        against = base(name)
+        ratio = f"{median(name, 'all_done_s') / against:.2f}x" if against else "-"
         same = all(
             abs(a - b) <= 1e-2 * max(1.0, abs(b))
             for r in rows
@@ -198,7 +201,7 @@ def render(meta: dict[str, Any], results: dict[str, list[dict[str, Any]]]) -> st
         )
         lines.append(
             f"| {name} | {' / '.join(f'{s:.2f}' for s in last['ranks_first_step_s'])} "
-            f"| {median(name, 'all_done_s'):.2f} | {median(name, 'all_done_s') / base:.2f}x "
+            f"| {median(name, 'all_done_s'):.2f} | {ratio} "
             f"| {last['codegens']} / {last['distinct_graphs']} | {last.get('sent_ahead', 0)} "
             f"| {last['fallbacks']} | {same} |"
         )
@@ -229,7 +232,7 @@ PHASES = (
 
 
 def breakdown(results: dict[str, list[dict[str, Any]]]) -> list[str]:
-    rows = [(name, results[name][-1].get("phases") or {}) for name in RUNS if results[name]]
+    rows = [(name, runs[-1].get("phases") or {}) for name, runs in results.items() if runs]
     if not any(phases for _, phases in rows):
         return []
     head = "| rank 0, first step (s) | " + " | ".join(name for name, _ in rows) + " |"
