@@ -3,7 +3,9 @@ the Llama-style model of ``examples/llama_script.py`` (classes defined in the sc
 ``__main__``), each rank with local cache dirs of its own as if on a node of its own; stock and
 compileq in one invocation.
 
-    python -m bench.ddp [--nproc N] [--reps R] [--out DIR] [-- SCRIPT ARGS]
+    python -m bench.ddp [--nproc N] [--reps R] [--runs A,B] [--out DIR] [-- SCRIPT ARGS]
+
+``--nproc 0`` runs the script as plain ``python`` (one process, no torchrun, no DDP).
 
 Each repetition runs, in fresh process trees:
 
@@ -79,8 +81,11 @@ def run_job(
         for old in caches.glob("rank*/result.json"):
             old.unlink()
     port = str(29500 + (os.getpid() + len(name) + int(time.monotonic())) % 1000)
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
-    argv += ["--master-port", port, str(SCRIPT), *args, "--rank-caches", str(caches)]
+    argv = [sys.executable]
+    if nproc:
+        argv += ["-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
+        argv += ["--master-port", port]
+    argv += [str(SCRIPT), *args, "--rank-caches", str(caches)]
     env = cluster.env()
     if mode.startswith("compileq"):
         argv = [sys.executable, "-m", "compileq.cli", "run", "--", *argv]
@@ -108,6 +113,8 @@ def run_job(
         "losses": [r["losses"] for r in ranks],
         "matches_eager": all(r["matches_eager"] for r in ranks),
         "phases": ranks[0].get("compile_phases", {}),
+        # Rank 0's start-up marks, seconds after launch (launcher, imports, models, wrap).
+        "startup": {k: round(t - launched, 2) for k, t in ranks[0].get("startup", {}).items()},
     }
 
 
@@ -138,7 +145,11 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         worker_started = time.monotonic()
-        cluster.start_worker(4, gpus="all" if gpus else None)
+        # On a GPU node, the worker's default concurrency (its cores), as `compileq worker`
+        # runs there: stock's compile pool has every core too. With 4, a worker generating
+        # two graphs built their kernels two at a time (H100 log of 2026-11-23). The 2-core
+        # CPU machine keeps 4: graph codegens and kernel builds overlap there.
+        cluster.start_worker(None if gpus else 4, gpus="all" if gpus else None)
         worker_ready_s = round(time.monotonic() - worker_started, 1)
         for rep in range(args.reps):
             for name, mode, before in PLAN:
@@ -152,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
                 results[name].append(
                     run_job(cluster, workdir, f"{name}-{rep}", args.nproc, script_args, mode, reuse)
                 )
+                # Saved as it goes: a run cut short by a time limit keeps what it measured.
+                (out / "ddp.json").write_text(json.dumps({"runs": results}, indent=1))
     finally:
         cluster.close()
         for log in workdir.glob("*.log"):
@@ -175,24 +188,29 @@ def render(meta: dict[str, Any], results: dict[str, list[dict[str, Any]]]) -> st
     def median(name: str, field: str) -> float:
         return statistics.median(r[field] for r in results[name])
 
-    def base(name: str) -> float | None:
+    def base(name: str, warm_local: bool = False) -> float | None:
         stock = "stock_remote_new" if "_new" in name else "stock_cold"
+        if warm_local:
+            stock = "stock_warm_local" if "_new" in name else ""
         return median(stock, "all_done_s") if results.get(stock) else None
 
+    def ratio(name: str, warm_local: bool = False) -> str:
+        against = base(name, warm_local)
+        return f"{median(name, 'all_done_s') / against:.2f}x" if against else "-"
+
     lines = [
-        f"DDP on {meta['nproc']} ranks ({meta['device']}, torch {meta['torch']}); "
+        (f"DDP on {meta['nproc']} ranks" if meta["nproc"] else "One process, no DDP")
+        + f" ({meta['device']}, torch {meta['torch']}); "
         f"worker ready in {meta['worker_ready_s']} s",
         "",
-        "| run | first step per rank (s) | all ranks done (s) | vs stock | codegens / graphs "
-        "| backwards sent ahead | fallbacks | losses = stock |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| run | first step per rank (s) | all ranks done (s) | vs stock | vs stock warm local "
+        "| codegens / graphs | backwards sent ahead | fallbacks | losses = stock |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     # Losses are compared with stock's cold run, or, without it, with the first run made.
     reference = (results.get("stock_cold") or next(iter(results.values())))[0]["losses"]
     for name, rows in results.items():
         last = rows[-1]
-        against = base(name)
-        ratio = f"{median(name, 'all_done_s') / against:.2f}x" if against else "-"
         same = all(
             abs(a - b) <= 1e-2 * max(1.0, abs(b))
             for r in rows
@@ -201,11 +219,11 @@ def render(meta: dict[str, Any], results: dict[str, list[dict[str, Any]]]) -> st
         )
         lines.append(
             f"| {name} | {' / '.join(f'{s:.2f}' for s in last['ranks_first_step_s'])} "
-            f"| {median(name, 'all_done_s'):.2f} | {ratio} "
+            f"| {median(name, 'all_done_s'):.2f} | {ratio(name)} | {ratio(name, True)} "
             f"| {last['codegens']} / {last['distinct_graphs']} | {last.get('sent_ahead', 0)} "
             f"| {last['fallbacks']} | {same} |"
         )
-    return "\n".join([*lines, "", *breakdown(results)]) + "\n"
+    return "\n".join([*lines, "", *breakdown(results), "", *startup(results)]) + "\n"
 
 
 #: Where rank 0's first step went, by torch's own phase timers (``dynamo_timed``), seconds.
@@ -240,6 +258,20 @@ def breakdown(results: dict[str, list[dict[str, Any]]]) -> list[str]:
     for label, names in PHASES:
         cells = [f"{sum(phases.get(n, 0.0) for n in names):.2f}" for _, phases in rows]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def startup(results: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Rank 0's start-up: seconds after launch at which each mark was reached."""
+    rows = [(name, runs[-1].get("startup") or {}) for name, runs in results.items() if runs]
+    marks = next((list(marks) for _, marks in rows if marks), [])
+    if not marks:
+        return []
+    lines = ["| rank 0, seconds after launch | " + " | ".join(name for name, _ in rows) + " |"]
+    lines.append("| --- |" + " --- |" * len(rows))
+    for mark in marks:
+        cells = [f"{m[mark]:.2f}" if mark in m else "-" for _, m in rows]
+        lines.append(f"| {mark} | " + " | ".join(cells) + " |")
     return lines
 
 

@@ -76,17 +76,22 @@ class Cluster:
         return redis.Redis.from_url(self.url)
 
     def start_worker(
-        self, concurrency: int, cpu_only: bool | None = None, gpus: str | None = None
+        self, concurrency: int | None, cpu_only: bool | None = None, gpus: str | None = None
     ) -> None:
-        """``gpus``: ``--gpus`` of a GPU worker (default 0: one GPU)."""
+        """``gpus``: ``--gpus`` of a GPU worker (default 0: one GPU); ``concurrency`` None:
+        the worker's own default (its cores, shared among its GPUs), as deployed."""
         self.stop_worker()
         cpu_only = (not self.gpu) if cpu_only is None else cpu_only
         args = ["--cpu-only", "--arch", "sm_90"] if cpu_only else ["--gpus", gpus or "0"]
-        self.worker_args = [*args, "--concurrency", str(concurrency)]
+        if concurrency is not None:
+            args += ["--concurrency", str(concurrency)]
+        self.worker_args = args
         self.wipe_worker_caches()
         self._workers_started += 1  # a log per start: a later worker must not overwrite one
         kind = "cpu" if cpu_only else "gpu"
-        log = self.workdir / f"worker-{self._workers_started:02d}-{kind}-{concurrency}.log"
+        log = (
+            self.workdir / f"worker-{self._workers_started:02d}-{kind}-{concurrency or 'cores'}.log"
+        )
         self.worker = start_worker(
             self.settings, self.worker_args, log, env={**self.env(), **self._worker_dirs()}
         )

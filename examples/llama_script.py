@@ -21,9 +21,13 @@ import os
 import time
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
-from torch import nn
+#: Wall-clock marks of this process's start (where the time before the first step goes).
+STARTUP = {"script": time.time()}
+import torch  # noqa: E402
+
+STARTUP["torch imported"] = time.time()
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
 
 
 class RMSNorm(nn.Module):
@@ -146,8 +150,8 @@ def main() -> None:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{args.rank_caches}/rank{rank}/inductor"
         os.environ["TRITON_CACHE_DIR"] = f"{args.rank_caches}/rank{rank}/triton"
     device = torch.device(args.device)
-    if distributed and device.type == "cuda":
-        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if distributed:
@@ -169,7 +173,9 @@ def main() -> None:
         cap = {"bucket_cap_mb": args.bucket_mb} if args.bucket_mb else {}
         model = DDP(model, device_ids=ids, **cap)  # type: ignore[assignment]
         reference = DDP(reference, device_ids=ids, **cap)  # type: ignore[assignment]
+    STARTUP["models built"] = time.time()
     compiled = torch.compile(model)
+    STARTUP["compile wrapped"] = time.time()
     optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (model, reference)]
     generator = torch.Generator().manual_seed(1 + rank)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
@@ -187,6 +193,8 @@ def main() -> None:
     phases: dict[str, float] = {}
     for i in range(args.steps):
         tokens = torch.randint(0, 256, (4, 33), generator=generator).to(device)
+        if i == 0:
+            STARTUP["first step starts"] = time.time()
         started = time.perf_counter()
         losses.append(step(compiled, optimizers[0], tokens))
         if i == 0:
@@ -229,6 +237,7 @@ def main() -> None:
         ),
         "compileq": sched.installed_pool() is not None,
         "compile_phases": phases,  # of the first step
+        "startup": STARTUP,
     }
     print(json.dumps(result), flush=True)
     if args.rank_caches:  # ranks share stdout, where their lines can interleave

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import os
 import socket
 import sys
@@ -210,6 +211,14 @@ def main(argv: list[str] | None = None) -> int:
     signals.worker_shutting_down.connect(lambda **_: heartbeat.stop(), weak=False)
     signals.worker_shutdown.connect(lambda **_: heartbeat.stop(), weak=False)
     log.info("compileq worker %s: queues %s", args.name, ", ".join(queues))
+    # Everything imported so far (torch, Inductor, Triton: millions of objects) moves to the
+    # collector's permanent generation before Celery forks the pool. Otherwise each pool
+    # process's first collections walk all of them and write their headers, copying the
+    # parent's heap page by page into every child: Celery's start took 6.7 s with 16 pool
+    # processes on 2 cores, 0.6 s frozen (docs/BENCHMARKS.md, worker start). Rejected
+    # alternative: gc.disable() in the pool processes, which would also stop collecting
+    # what a codegen job leaves behind.
+    gc.freeze()
     app.worker_main(
         [
             "worker",
