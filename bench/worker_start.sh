@@ -1,5 +1,6 @@
 # Times `compileq worker` from the command to its first heartbeat, cold (no memo) and warm.
 # Device: source .carry/device-setup.sh && bash bench/worker_start.sh   (logs under $OUT)
+# CONCURRENCY=N: N pool processes per worker (default: the worker's own, the node's cores).
 export COMPILEQ_SECRET=measuresecretxxxxxxxxxxxxxxxxxxxxx COMPILEQ_REDIS_URL=redis://127.0.0.1:6379/0
 # A deployment's pip writes bytecode at install; the device's carry kit does not (--no-compile),
 # so compile it here once, or every first run would time Python compiling celery and compileq.
@@ -15,7 +16,7 @@ for run in "gpu-cold --gpus all" "gpu-warm --gpus all" "cpu-cold --cpu-only --ar
   set -- $run; name=$1; shift
   case $name in *cold) rm -rf /tmp/xdg /tmp/wcache; redis-cli flushall >/dev/null;; esac
   start=$(date +%s.%N)
-  XDG_CACHE_HOME=/tmp/xdg TORCHINDUCTOR_CACHE_DIR=/tmp/wcache setsid python3 -m compileq.cli worker "$@" --concurrency 4 > $OUT/worker-$name.log 2>&1 &
+  XDG_CACHE_HOME=/tmp/xdg TORCHINDUCTOR_CACHE_DIR=/tmp/wcache setsid python3 -m compileq.cli worker "$@" ${CONCURRENCY:+--concurrency "$CONCURRENCY"} > $OUT/worker-$name.log 2>&1 &
   pid=$!
   n=0; until [ -n "$(redis-cli --scan --pattern 'compileq:worker:*' | head -1)" ] || [ $n -gt 1800 ]; do sleep 0.1; n=$((n+1)); done
   echo "$name: $(python3 -c "import time; print(round(time.time() - $start, 1))") s to the first heartbeat"

@@ -26,6 +26,14 @@ whole cost) and is replaced when the job saves again.
 **Opt-in** (``COMPILEQ_PROFILES=1``) until its benefit and its cost to a cold job are measured
 on the GPU.
 
+**Not carried: Dynamo's compiled frames.** torch's experimental ``caching_precompile`` adds
+them to the same Mega-Cache, and a new machine that loads them skips Dynamo and AOTAutograd
+tracing too (a CPU job: 0.70x stock's warm local start). But on torch 2.11 the first call after
+loading traces again and fails the job, and on 2.13 any later recompile of a loaded frame does
+(``AssertionError``: Dynamo's ``__builtins_dict__`` global already in the frame's globals);
+loaded frames also lose their ``ID_MATCH``/``DICT_VERSION`` guards, and under DDP torch never
+uses them. ``python -m bench.precompile`` reproduces all of it (docs/BENCHMARKS.md).
+
 **When.** Under ``compileq run`` every Python process starts the fetch from its start-up hook,
 before ``import torch`` (:func:`prefetch`), on a daemon thread that waits on the socket without
 the GIL. The first compile (Dynamo's call into Inductor's ``compile_fx``) waits for it, at most
