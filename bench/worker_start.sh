@@ -24,5 +24,10 @@ for run in "gpu-cold --gpus all" "gpu-warm --gpus all" "cpu-cold --cpu-only --ar
   n=0; until grep -q "joined" $OUT/worker-$name.log || [ $n -gt 900 ]; do sleep 0.1; n=$((n+1)); done
   echo "$name: $(python3 -c "import time; print(round(time.time() - $start, 1))") s to every queue"
   grep -h "ready \|listed by\|joined" $OUT/worker-$name.log | sed 's/.*compileq worker/worker/'
+  # Memory the worker's processes hold between them (PSS: shared pages counted once in all).
+  pss=0; procs=0; for p in $(pgrep -f compileq.workers.process); do
+    k=$(awk '/^Pss:/{print $2}' /proc/$p/smaps_rollup 2>/dev/null); pss=$((pss + ${k:-0})); procs=$((procs + 1))
+  done
+  echo "$name: PSS $((pss / 1024)) MiB over $procs worker processes"
   kill -TERM $pid; sleep 5; pkill -9 -f compileq.workers.process; redis-cli --scan --pattern 'compileq:worker*' | xargs -r redis-cli del >/dev/null
 done
