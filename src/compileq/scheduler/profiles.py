@@ -26,7 +26,8 @@ whole cost) and is replaced when the job saves again.
 **Opt-in** (``COMPILEQ_PROFILES=1``): measured on the CPU and on an H100 (docs/BENCHMARKS.md),
 a new machine with its profile is no faster than one that looks each entry up in compileq's
 store as Inductor asks (13.76 s against 13.87 s to the end of the first step on the H100),
-and a cold job's start is not slowed by the fetch either.
+and the fetch thread's own imports make ``import torch`` 0.15-0.3 s slower on the 2-core CPU
+machine.
 
 **Not carried: Dynamo's compiled frames.** torch's experimental ``caching_precompile`` adds
 them to the same Mega-Cache, and a new machine that loads them skips Dynamo and AOTAutograd
