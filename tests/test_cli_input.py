@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -216,3 +217,28 @@ def test_printable_escapes_control_characters_and_cuts_long_values() -> None:
     assert printable("a\nb\x1b[31m\u2028\u202e") == "a\\x0ab\\x1b[31m\\u2028\\u202e"
     cut = printable("x" * 300 + "\n", limit=10)
     assert cut == "x" * 10 + "...[291 more chars]"
+
+
+def test_run_execs_the_job_without_importing_redis_or_pydantic(tmp_path: Path) -> None:
+    # `compileq run` starts every job: what it imports before its exec delays each one (0.5 s
+    # of redis-py and pydantic on a GPU VM). An audit hook reports the launcher's modules at
+    # the exec itself; the job then runs.
+    probe = (
+        "import sys, os\n"
+        "from compileq import cli\n"
+        "def at_exec(event, args):\n"
+        "    if event == 'os.exec':\n"
+        "        loaded = sorted(m for m in ('redis', 'pydantic', 'torch') if m in sys.modules)\n"
+        "        print('loaded before exec:', loaded, flush=True)\n"
+        "sys.addaudithook(at_exec)\n"
+        "sys.exit(cli.main(['run', '--', sys.executable, '-c', 'print(\"job ran\")']))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COMPILEQ_SECRET": SECRET},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "loaded before exec: []" in proc.stdout and "job ran" in proc.stdout, proc.stdout
