@@ -260,36 +260,44 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command. Bad input of every known kind exits 2 with one line (here, so every
     command follows the same rule); any other exception is a bug and keeps its traceback."""
     args = build_parser().parse_args(argv)
-    if args.func is cmd_run:
-        # The job's launcher: it execs the job at once, and redis-py and pydantic (0.2 s on a
-        # 2-core machine, 0.5 s or more on a GPU VM) would only delay its start.
-        launched: int = cmd_run(args)
-        return launched
-    import redis
-    from pydantic import ValidationError
-
-    from compileq.config import Settings, settings_error
-
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
         code: int = args.func(args)
         return code
     except CompileqError as e:  # ConfigError, ManifestError, ExplainError, UnsupportedTarget...
         return _error(str(e))
-    except ValidationError as e:
+    except Exception as e:
+        message = _input_error(e, getattr(args, "redis_shown", None))
+        if message is None:
+            raise  # a bug: its traceback stays
+        return _error(message)
+
+
+def _input_error(e: Exception, redis_shown: str | None) -> str | None:
+    """The one line for a bad setting or an unreachable Redis; None for anything else.
+
+    redis-py and pydantic are imported here, once something failed, not at the top: `compileq
+    run` execs every job from this module, and they would delay each start (0.2 s on a 2-core
+    machine, 0.5 s or more on a GPU VM)."""
+    import redis
+    from pydantic import ValidationError
+
+    from compileq.config import Settings, settings_error
+
+    if isinstance(e, ValidationError):
         if e.title != Settings.__name__:
-            raise  # compileq has no other model: a bug
-        return _error(str(settings_error(e)))  # a Settings built without load_settings()
-    except (redis.ConnectionError, redis.TimeoutError) as e:  # AuthenticationError included
-        # redis-py's messages name host and port, never the password.
-        where = f"Redis at {getattr(args, 'redis_shown', None) or 'the configured URL'}"
-        if isinstance(e, redis.AuthenticationError):
-            return _error(
-                f"{where} refused authentication: check the user and password in the URL ({e})"
-            )
-        if isinstance(e, redis.TimeoutError):
-            return _error(f"{where} did not answer in time ({e})")
-        return _error(f"{where} cannot be reached ({e})")
+            return None  # compileq has no other model: a bug
+        return str(settings_error(e))  # a Settings built without load_settings()
+    if not isinstance(e, (redis.ConnectionError, redis.TimeoutError)):
+        return None
+    # AuthenticationError is a ConnectionError; redis-py's messages name host and port, never
+    # the password.
+    where = f"Redis at {redis_shown or 'the configured URL'}"
+    if isinstance(e, redis.AuthenticationError):
+        return f"{where} refused authentication: check the user and password in the URL ({e})"
+    if isinstance(e, redis.TimeoutError):
+        return f"{where} did not answer in time ({e})"
+    return f"{where} cannot be reached ({e})"
 
 
 if __name__ == "__main__":
