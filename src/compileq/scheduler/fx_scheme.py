@@ -64,10 +64,7 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
         fx_remote.mark_remote(False)
         self._stock_ran = False
         try:
-            route = self._route = fx_remote.choose_route(gm, example_inputs)
-            self._graph_key = fx_key.graph_key(
-                gm, example_inputs, graph_kwargs, inputs_to_check, route.device_index
-            )
+            self._route_and_key(gm, example_inputs, inputs_to_check, graph_kwargs)
             return super().codegen_and_compile(gm, example_inputs, inputs_to_check, graph_kwargs)
         except Fallback as e:
             # Raised before Inductor touched anything of the graph's (routing, or waiting
@@ -85,9 +82,8 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
         """Send this graph's job without waiting for it (see ``speculative``); then stop the
         compile. Anything in the way only means nothing is sent: the real compile decides."""
         try:
-            route = self._route = fx_remote.choose_route(gm, example_inputs)
-            graph_key = fx_key.graph_key(
-                gm, example_inputs, graph_kwargs, inputs_to_check, route.device_index
+            route, graph_key = self._route_and_key(
+                gm, example_inputs, inputs_to_check, graph_kwargs
             )
             client = fx_remote.client()
             # Without Inductor's hash the key is the pickled bytes, which differ from process
@@ -101,6 +97,21 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
         except Exception as e:
             log.debug("compileq: backward not sent ahead: %s: %s", type(e).__name__, e)
         raise speculative.Sent
+
+    def _route_and_key(
+        self,
+        gm: Any,
+        example_inputs: Sequence[Any],
+        inputs_to_check: Sequence[int],
+        graph_kwargs: Any,
+    ) -> tuple[Route, str | None]:
+        """Where this graph's job goes, and its key (Inductor's hash for ``cuda:0``): kept for
+        ``serialize_compile`` and ``_send_to_child_async``, which Inductor calls in between."""
+        self._route = fx_remote.choose_route(gm, example_inputs)
+        self._graph_key = fx_key.graph_key(
+            gm, example_inputs, graph_kwargs, inputs_to_check, self._route.device_index
+        )
+        return self._route, self._graph_key
 
     def _serialize(
         self,
