@@ -188,15 +188,11 @@ def render(meta: dict[str, Any], results: dict[str, list[dict[str, Any]]]) -> st
     def median(name: str, field: str) -> float:
         return statistics.median(r[field] for r in results[name])
 
-    def base(name: str, warm_local: bool = False) -> float | None:
-        stock = "stock_remote_new" if "_new" in name else "stock_cold"
-        if warm_local:
-            stock = "stock_warm_local" if "_new" in name else ""
-        return median(stock, "all_done_s") if results.get(stock) else None
-
-    def ratio(name: str, warm_local: bool = False) -> str:
-        against = base(name, warm_local)
-        return f"{median(name, 'all_done_s') / against:.2f}x" if against else "-"
+    def ratio(name: str, stock: str | None) -> str:
+        """``name``'s all-ranks-done against that stock run's, where it ran."""
+        if stock is None or not results.get(stock):
+            return "-"
+        return f"{median(name, 'all_done_s') / median(stock, 'all_done_s'):.2f}x"
 
     lines = [
         (f"DDP on {meta['nproc']} ranks" if meta["nproc"] else "One process, no DDP")
@@ -211,6 +207,9 @@ def render(meta: dict[str, Any], results: dict[str, list[dict[str, Any]]]) -> st
     reference = (results.get("stock_cold") or next(iter(results.values())))[0]["losses"]
     for name, rows in results.items():
         last = rows[-1]
+        new = "_new" in name  # a new machine: against stock's remote cache and warm local
+        against = ratio(name, "stock_remote_new" if new else "stock_cold")
+        against_warm = ratio(name, "stock_warm_local" if new else None)
         same = all(
             abs(a - b) <= 1e-2 * max(1.0, abs(b))
             for r in rows
@@ -219,7 +218,7 @@ def render(meta: dict[str, Any], results: dict[str, list[dict[str, Any]]]) -> st
         )
         lines.append(
             f"| {name} | {' / '.join(f'{s:.2f}' for s in last['ranks_first_step_s'])} "
-            f"| {median(name, 'all_done_s'):.2f} | {ratio(name)} | {ratio(name, True)} "
+            f"| {median(name, 'all_done_s'):.2f} | {against} | {against_warm} "
             f"| {last['codegens']} / {last['distinct_graphs']} | {last.get('sent_ahead', 0)} "
             f"| {last['fallbacks']} | {same} |"
         )

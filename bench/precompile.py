@@ -30,12 +30,12 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench.harness import ROOT, new_workdir
+
 #: name, precompile, whose blob is loaded, whose dirs are reused, a second batch size
 RUNS = (
     ("cold", False, None, None, False),
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     chosen = args.runs.split(",")
-    work = Path(tempfile.mkdtemp(prefix="compileq-precompile-"))
+    work = new_workdir()
     blobs = work / "blobs"  # each run's Mega-Cache
     blobs.mkdir()
     results: dict[str, dict[str, Any]] = {}

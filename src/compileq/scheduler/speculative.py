@@ -12,8 +12,8 @@ backward's output in the store, or this process's lease on its job, and waits fo
 instead of sending it again. Cold time becomes the longer of the two codegens, not their sum.
 
 When: only after the forward missed and its job went to a worker (a warm cache, a new machine
-or a missing worker pays nothing: no copy, no hash), and under DDPOptimizer once the subgraph has been run on fake inputs (see
-``_hold``).
+or a missing worker pays nothing: no copy, no hash), and under DDPOptimizer once the subgraph
+has been run on fake inputs (see ``_hold``).
 
 What keeps this safe:
 
@@ -101,11 +101,11 @@ class _Pending:
                 suppress(Sent),
             ):
                 self.compiler(module_copy, fx_placeholder_vals(self.bw_module))
+            log.debug("compileq: backward sent ahead in %.3fs", time.perf_counter() - started)
         except Exception as e:  # speculation may be lost, never the compile it rides on
             warn_once(
                 "speculate", "compileq: backward not sent ahead (%s: %s)", type(e).__name__, e
             )
-        log.debug("compileq: backward sent ahead in %.3fs", time.perf_counter() - started)
 
 
 class Sent(BaseException):  # a signal through Inductor, not an error
