@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -13,6 +15,8 @@ from compileq.cache.store import RedisStore
 from compileq.config import Settings
 from compileq.connect import redis_client
 from compileq.errors import ConfigError, EntryTooLarge
+from compileq.localstack import stop
+from tests.conftest import start_redis
 from tests.reliability import Recorder
 
 
@@ -31,7 +35,17 @@ def _lookup_calls(client: redis.Redis) -> int:
     return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("mget", "evalsha"))
 
 
-def test_a_batched_lookup_is_one_round_trip_with_misses_as_none(store: RedisStore) -> None:
+@pytest.fixture
+def quiet_store(settings: Settings, tmp_path: Path) -> Iterator[RedisStore]:
+    """A store on a redis-server of its own: its command counts are this test's alone (the
+    session's server also serves workers and clients left from other tests)."""
+    server = start_redis(tmp_path / "redis")
+    yield RedisStore(redis_client(server.url(), settings), settings)
+    stop(server.process)
+
+
+def test_a_batched_lookup_is_one_round_trip_with_misses_as_none(quiet_store: RedisStore) -> None:
+    store = quiet_store
     for n in range(0, 1000, 2):
         store.put(key(n), f"payload-{n}".encode())
     store.get_many([key(0)])  # the first call of a process also loads the script into Redis
