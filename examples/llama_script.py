@@ -236,14 +236,15 @@ def main() -> None:
             counters["inductor"][k] for k in ("fxgraph_cache_miss", "fxgraph_cache_hit")
         ),
         "compileq": sched.installed_pool() is not None,
-        "compile_phases": phases,  # of the first step
-        "startup": STARTUP,
     }
+    # The timings go to the result file only: ranks share stdout, and a line longer than the
+    # chunks a launcher forwards (srun: 1 KiB) can come out spliced with another rank's.
     print(json.dumps(result), flush=True)
-    if args.rank_caches:  # ranks share stdout, where their lines can interleave
+    if args.rank_caches:
+        timings = {"compile_phases": phases, "startup": STARTUP}  # of the first step
         path = Path(args.rank_caches, f"rank{rank}", "result.json")
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result))
+        path.write_text(json.dumps({**result, **timings}))
     if distributed:
         import torch.distributed as dist
 
