@@ -18,10 +18,15 @@ Each repetition runs, in fresh process trees:
   (each backward sent at its first backward call, as stock compiles it);
 * ``compileq_cold``: ``compileq run``, compileq's store emptied and the workers' local caches
   wiped (a cold cluster), backwards sent when AOTAutograd partitions their graphs;
-* ``compileq_new``: ``compileq run`` again on empty local dirs (each rank loads the profile
-  its rank saved at the end of ``compileq_cold``: scheduler/profiles.py);
-* ``compileq_new_no_profile``: the same with ``COMPILEQ_PROFILES=0`` (every entry looked up in
-  Redis as Inductor asks for it).
+* ``compileq_new``: ``compileq run`` again on empty local dirs (every entry looked up in
+  compileq's store as Inductor asks for it);
+* ``compileq_profile_fill`` then ``compileq_new_profile``: the same with job profiles on
+  (``COMPILEQ_PROFILES=1``, opt-in: scheduler/profiles.py); the first saves each rank's
+  profile at exit, the second loads it while Python imports.
+
+Every compileq run but the last two runs compileq's defaults. Profiles used to be on in all of
+them: on two H200s that made ``import torch`` 0.7-1.2 s slower in each rank (the fetch
+thread's own imports), a cost a default user never pays.
 
 Per run: each rank's first step, all ranks done (launch to the end of the slowest rank's first
 step, start-up included), graph codegens against distinct graphs, backwards sent ahead, and
@@ -58,7 +63,8 @@ PLAN = (
     ("compileq_cold_lazy", "compileq-lazy", "cold"),
     ("compileq_cold", "compileq", "cold"),
     ("compileq_new", "compileq", None),
-    ("compileq_new_no_profile", "compileq-no-profile", None),
+    ("compileq_profile_fill", "compileq-profile", None),
+    ("compileq_new_profile", "compileq-profile", None),
 )
 RUNS = tuple(name for name, _, _ in PLAN)
 
@@ -90,7 +96,7 @@ def run_job(
     if mode.startswith("compileq"):
         argv = [sys.executable, "-m", "compileq.cli", "run", "--", *argv]
         env["COMPILEQ_SPECULATE"] = "0" if mode == "compileq-lazy" else "1"
-        env["COMPILEQ_PROFILES"] = "0" if mode == "compileq-no-profile" else "1"  # opt-in
+        env["COMPILEQ_PROFILES"] = "1" if mode == "compileq-profile" else "0"  # opt-in
     elif mode == "stock-remote":
         env.update(cluster.stock_remote_env())
     before = cluster.stats()

@@ -169,6 +169,11 @@ class Settings(BaseSettings):
         "profile while a new process imports (see scheduler/profiles.py). Opt-in: measured on "
         "CPU and H100, a profile gains nothing yet over compileq's remote lookups.",
     )
+    ddp_aot_cache: bool = Field(
+        True,
+        description="With graph_cache: serve DDPOptimizer's subgraphs from AOTAutograd's cache, "
+        "which stock torch bypasses for them (see scheduler/ddp_aot.py).",
+    )
     speculate: bool = Field(
         True,
         description="With fx: send a training graph's backward to the workers when AOTAutograd "

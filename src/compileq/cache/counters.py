@@ -34,6 +34,10 @@ class Counter(str, enum.Enum):
     #: of it the first compiles still waited for.
     PROFILE_PREFETCH_MS = "profile_prefetch_ms"
     PROFILE_WAIT_MS = "profile_wait_ms"
+    #: DDPOptimizer subgraphs loaded from AOTAutograd's cache, and the outputs of compiled
+    #: ones recorded so that they can be (scheduler/ddp_aot.py).
+    DDP_SUBGRAPH_LOADS = "ddp_subgraph_loads"
+    DDP_SUBGRAPH_RECORDS = "ddp_subgraph_records"
     AOT_HITS = "aot_hits"
     AOT_MISSES = "aot_misses"
     CPP_HITS = "cpp_hits"

@@ -24,6 +24,7 @@ class _Installed:
     original: Any  # the staticmethod object AsyncCompile had
     pool: CompileqPool
     fx: bool
+    ddp_aot: bool = False
 
 
 _installed: _Installed | None = None
@@ -79,6 +80,10 @@ def install(
                 from compileq.scheduler import graph_cache
 
                 graph_cache.hook_compile_fx()
+                if _installed.ddp_aot:  # AOTAutograd may have been loading the first time
+                    from compileq.scheduler import ddp_aot
+
+                    ddp_aot.enable(_installed.pool.client.store)
             from compileq.scheduler import profiles
 
             profiles.hook_compile_fx()
@@ -111,6 +116,11 @@ def install(
                 Counter.CPP_REMOTE_COMPILES if on_worker is not None else Counter.CPP_LOCAL_COMPILES
             )
             cpp_cache.enable(client.store, built)
+            if settings.ddp_aot_cache and on_worker is None:
+                from compileq.scheduler import ddp_aot
+
+                ddp_aot.enable(client.store)
+                _installed.ddp_aot = True
         if settings.profiles and on_worker is None:
             from compileq.scheduler import profiles
 
@@ -138,8 +148,9 @@ def uninstall() -> None:
         from torch._inductor.async_compile import AsyncCompile
 
         AsyncCompile.process_pool = _installed.original  # type: ignore[method-assign]
-        from compileq.scheduler import cpp_cache, graph_cache
+        from compileq.scheduler import cpp_cache, ddp_aot, graph_cache
 
+        ddp_aot.disable()
         fx_remote.disable()
         speculative.disable()
         graph_cache.disable()

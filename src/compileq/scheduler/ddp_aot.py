@@ -1,0 +1,415 @@
+"""AOTAutograd's cache for DDPOptimizer's subgraphs, which stock torch never uses.
+
+Under DDP, Dynamo's DDPOptimizer splits a frame's graph at the gradient buckets and compiles
+each subgraph in turn, then runs it on fake tensors to make the next one's inputs. Its
+``fakify_first_call`` flag makes the subgraph's first call return fake outputs with the strides
+Inductor chose, and AOTAutograd's cache bypasses every graph compiled with that flag set
+(``check_cacheable``: "Won't cache a graph with fakify_first_call enabled"); its cached path
+has no such first call ("Notably absent from the cached path are: ... FakifiedOutWrapper",
+``aot_autograd_result.py``). So every warm start of a DDP job, stock or not, traces and
+partitions every subgraph again: 4.3-5.7 s of a 8-11 s first step on two H200s
+(docs/BENCHMARKS.md), more than all the rest of a warm compile.
+
+compileq adds what is absent, only for compileq's store:
+
+- When a subgraph misses, it is compiled as stock compiles it, and the fake outputs its first
+  call returns (shapes, Inductor's strides, dtypes, devices) are stored, signed, under the
+  subgraph's AOTAutograd cache key (``compileq:a:aotddp:<sha256>``).
+- When a subgraph's AOTAutograd entry is found and those outputs are stored too, the entry is
+  loaded and its first call returns them, made in the subgraph's fake mode; the entry's
+  metadata becomes the tracing context's, as a compile would have left it. Found without them,
+  the entry is read as a miss: the subgraph compiles, and its outputs are stored this time.
+- A loaded subgraph's backward is compiled already; at its first call it moves DDPOptimizer's
+  bucket counter on, as the lazy backward compile of a missed one does, so that the buckets
+  that did miss compile their backwards with their own metadata.
+
+Only plain subgraphs: static shapes, no effect tokens, tensor subclasses or functionalized
+RNG between the compiled forward and its first call (where the cached and uncached wrapper
+stacks differ). Anything unexpected (another torch's layout, a malformed record) leaves the
+subgraph to stock's path: compiled, never failed.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from compileq import keys
+from compileq._log import log, warn_once
+from compileq.cache.counters import Counter
+from compileq.scheduler import import_hooks
+
+KIND = "aotddp"
+_CACHE = "torch._functorch._aot_autograd.autograd_cache"
+_WRAPPERS = "torch._functorch._aot_autograd.runtime_wrappers"
+#: A record larger than this is not read: a subgraph returns tens of tensors, not thousands.
+_MAX_RECORD = 256 * 1024
+
+#: Every function wrapped, as ``module.Class.name``: a lookup is changed only once all are.
+_HOOKS = (
+    "AOTAutogradCache.try_load",
+    "AOTAutogradCache._lookup",
+    "torch._functorch._aot_autograd.autograd_cache.autograd_cache_key",
+    "FakifiedOutWrapper.post_compile",
+)
+
+_thread = threading.local()
+_store: Any = None
+_originals: dict[str, tuple[Any, str, Any]] = {}
+
+
+@dataclass
+class _Subgraph:
+    """The DDPOptimizer subgraph whose AOTAutograd cache lookup is under way."""
+
+    context: Any  # torch._guards.TracingContext
+    key: str | None = None
+    #: The AOTAutograd entry found, once its forward's first outputs are known too.
+    entry: Any = None
+
+
+def enable(store: Any) -> None:
+    global _store
+    _store = store
+    import_hooks.after_import(_CACHE, _patch_cache)
+    import_hooks.after_import(_WRAPPERS, _patch_wrappers)
+
+
+def disable() -> None:
+    global _store
+    for owner, name, original in _originals.values():
+        setattr(owner, name, original)
+    _originals.clear()
+    _store = None
+
+
+def _wrap(owner: Any, name: str, make: Callable[[Any], Any]) -> None:
+    """Replace ``owner.name`` with ``make(original)``, once; nothing if torch lacks it."""
+    ident = f"{getattr(owner, '__name__', owner)}.{name}"
+    original = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
+    if original is None:
+        log.info("compileq: this torch has no %s; DDP subgraphs stay uncached", ident)
+        return
+    if ident in _originals:
+        return
+    _originals[ident] = (owner, name, original)
+    setattr(owner, name, make(original))
+
+
+def _patch_cache(module: Any) -> None:
+    cache = getattr(module, "AOTAutogradCache", None)
+    if cache is None or not hasattr(module, "autograd_cache_key"):
+        return  # still loading (see import_hooks.after_import), or another layout
+    _wrap(cache, "try_load", lambda f: staticmethod(_try_load(f.__func__)))
+    _wrap(cache, "_lookup", lambda f: staticmethod(_lookup(f.__func__)))
+    _wrap(module, "autograd_cache_key", _cache_key)
+
+
+def _patch_wrappers(module: Any) -> None:
+    fakified = getattr(module, "FakifiedOutWrapper", None)
+    if fakified is not None:
+        _wrap(fakified, "post_compile", _post_compile)
+
+
+def _try_load(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Look a DDPOptimizer subgraph up as any graph (its flag off for the lookup only: the
+    compile that follows a miss must still fakify its first call)."""
+
+    def try_load(*args: Any, **kwargs: Any) -> Any:
+        context = _ddp_subgraph_context()
+        if context is None or _store is None or not set(_HOOKS) <= set(_originals):
+            # All or nothing: a subgraph loaded without its first call's fake outputs would
+            # run its kernels on fake tensors.
+            return original(*args, **kwargs)
+        outer = getattr(_thread, "subgraph", None)
+        subgraph = _thread.subgraph = _Subgraph(context)
+        context.fakify_first_call = False
+        try:
+            found = original(*args, **kwargs)
+        finally:
+            context.fakify_first_call = True
+            _thread.subgraph = outer
+        compiled = found[0] if isinstance(found, tuple) else found  # torch 2.13 / 2.11
+        if compiled is not None and subgraph.entry is not None:
+            # As a compile would have left it: DDPOptimizer keeps it for this bucket.
+            context.fw_metadata = subgraph.entry.runtime_metadata
+            _count(Counter.DDP_SUBGRAPH_LOADS)
+            log.debug("compileq: DDP subgraph %s loaded from AOTAutograd's cache", subgraph.key)
+        return found
+
+    return try_load
+
+
+def _ddp_subgraph_context() -> Any:
+    import torch
+
+    context = torch._guards.TracingContext.try_get()
+    if context is None or not getattr(context, "fakify_first_call", False):
+        return None
+    if getattr(context, "ddp_optimizer_ctx", None) is None:
+        return None
+    return context
+
+
+def _cache_key(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def autograd_cache_key(*args: Any, **kwargs: Any) -> Any:
+        found = original(*args, **kwargs)
+        subgraph = getattr(_thread, "subgraph", None)
+        if subgraph is not None:
+            subgraph.key = found[0]
+        return found
+
+    return autograd_cache_key
+
+
+def _lookup(original: Callable[..., Any]) -> Callable[..., Any]:
+    def lookup(*args: Any, **kwargs: Any) -> Any:
+        found = original(*args, **kwargs)
+        subgraph = getattr(_thread, "subgraph", None)
+        if subgraph is None or found is None:
+            return found
+        entry = found[0]
+        outputs = _outputs(subgraph.key) if _plain(entry) else None
+        if outputs is None:
+            from torch._functorch._aot_autograd.autograd_cache import FXGraphCacheMiss
+
+            # A miss, not a bypass: the subgraph compiles, and its first call's outputs are
+            # stored under the key this lookup computed.
+            raise FXGraphCacheMiss
+        # This entry object is this lookup's own (unpickled just now): torch loads it through
+        # these two, in 2.11 and 2.13 alike.
+        entry.compiled_fw = _Forward(entry.compiled_fw, outputs)
+        if entry.compiled_bw is not None:
+            entry.compiled_bw = _Backward(entry.compiled_bw, subgraph.context.ddp_optimizer_ctx)
+        subgraph.entry = entry
+        return found
+
+    return lookup
+
+
+class _Loadable:
+    """An entry's compiled forward or backward, loaded by torch as before, its loaded
+    function then wrapped (``post_compile`` is the last step torch takes on it)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def load(self, example_inputs: Any) -> Any:
+        return self._inner.load(example_inputs)
+
+    def post_compile(self, result: Any, fx_config: Any) -> Any:
+        return self.wrap(self._inner.post_compile(result, fx_config))
+
+    def wrap(self, loaded: Any) -> Any:
+        raise NotImplementedError
+
+
+class _Forward(_Loadable):
+    def __init__(self, inner: Any, outputs: list[Any]) -> None:
+        super().__init__(inner)
+        self._outputs = outputs
+
+    def wrap(self, loaded: Any) -> Any:
+        return _first_call_returns(loaded, self._outputs)
+
+
+class _Backward(_Loadable):
+    def __init__(self, inner: Any, ddp: Any) -> None:
+        super().__init__(inner)
+        self._ddp = ddp
+
+    def wrap(self, loaded: Any) -> Any:
+        return _first_call_moves_bucket(loaded, self._ddp)
+
+
+def _plain(result: Any) -> bool:
+    """Whether the cached wrapper stack passes the forward's outputs through unchanged."""
+    import torch
+
+    meta = getattr(result, "runtime_metadata", None)
+    return (
+        meta is not None
+        and getattr(result, "maybe_subclass_meta", None) is None
+        and not getattr(meta, "tokens", None)
+        and not getattr(meta, "num_graphsafe_rng_states", 0)
+        and not torch._functorch.config.functionalize_rng_ops
+    )
+
+
+def _first_call_returns(fw: Callable[..., Any], outputs: list[Any]) -> Callable[..., Any]:
+    """``fw``, whose first call under a fake mode returns ``outputs`` made in that mode, as
+    the uncached path's first call returns its graph's fake outputs."""
+    pending = [outputs]
+    boxed = getattr(fw, "_boxed_call", False)
+
+    def forward(runtime_args: Any) -> Any:
+        if pending:
+            described = pending.pop()
+            from torch._guards import detect_fake_mode
+
+            mode = detect_fake_mode(runtime_args)
+            if mode is not None:
+                return _make(described, mode)
+        return fw(runtime_args) if boxed else fw(*runtime_args)
+
+    forward._boxed_call = True  # type: ignore[attr-defined]
+    return forward
+
+
+def _first_call_moves_bucket(bw: Callable[..., Any], ddp: Any) -> Callable[..., Any]:
+    """``bw``, whose first call counts its bucket as done, as a lazy backward compile does
+    (``ddp_ctx.curr_bucket -= 1`` in torch's runtime wrappers)."""
+    pending = [ddp]
+
+    def backward(*args: Any, **kwargs: Any) -> Any:
+        if pending and pending.pop() is not None:
+            ddp.curr_bucket -= 1
+        return bw(*args, **kwargs)
+
+    if getattr(bw, "_boxed_call", False):
+        backward._boxed_call = True  # type: ignore[attr-defined]
+    return backward
+
+
+def _post_compile(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def post_compile(self: Any, compiled_fn: Any, aot_config: Any, **kwargs: Any) -> Any:
+        wrapped = original(self, compiled_fn, aot_config, **kwargs)
+        if getattr(self, "needs_post_compile", False) and _store is not None:
+            try:
+                _record(aot_config, self.out_metas, kwargs.get("runtime_metadata"))
+            except Exception as e:  # the record may be lost, never the compile
+                warn_once("ddp-aot", "compileq: DDP subgraph outputs not stored (%s)", e)
+        return wrapped
+
+    return post_compile
+
+
+def _record(aot_config: Any, fakes: list[Any], meta: Any) -> None:
+    info = getattr(aot_config, "cache_info", None)
+    key = getattr(info, "cache_key", None)
+    if not key or meta is None or getattr(meta, "tokens", None):
+        return
+    described = _describe(fakes)
+    if described is not None and _store.put(_record_key(key), json.dumps(described).encode()):
+        _count(Counter.DDP_SUBGRAPH_RECORDS)
+
+
+def _count(counter: Counter) -> None:
+    try:
+        _store.count({counter: 1})
+    except Exception as e:  # a count may be lost, never the compile
+        log.debug("compileq: not counted (%s)", e)
+
+
+def _record_key(aot_key: str) -> str:
+    return keys.artifact(KIND, hashlib.sha256(aot_key.encode()).hexdigest())
+
+
+def _describe(fakes: list[Any]) -> list[Any] | None:
+    """JSON for each output: null, an int, or a tensor's shape, strides, dtype, device and
+    requires_grad; None where an output is anything else (a symbolic size, a view at an
+    offset), and then nothing is stored."""
+    import torch
+
+    described: list[Any] = []
+    for fake in fakes:
+        if fake is None or (isinstance(fake, int) and not isinstance(fake, bool)):
+            described.append(fake)
+            continue
+        if not isinstance(fake, torch.Tensor):
+            return None
+        sizes, strides = list(fake.shape), list(fake.stride())
+        if not all(type(n) is int for n in (*sizes, *strides)):
+            return None
+        if fake.storage_offset() != 0:
+            return None
+        described.append(
+            {
+                "shape": sizes,
+                "stride": strides,
+                "dtype": str(fake.dtype).removeprefix("torch."),
+                "device": str(fake.device),
+                "requires_grad": bool(fake.requires_grad),
+            }
+        )
+    return described
+
+
+def _outputs(aot_key: str | None) -> list[Any] | None:
+    """The stored outputs of the subgraph with this key, checked; None if absent or bad."""
+    if aot_key is None or _store is None:
+        return None
+    try:
+        entry = _store.get_many([_record_key(aot_key)])[0]
+        if entry is None:
+            return None
+        payload = entry.payload()
+        if len(payload) > _MAX_RECORD:
+            return None
+        return _checked(json.loads(payload))
+    except Exception as e:  # a lost record costs a compile, never the job
+        warn_once("ddp-aot-read", "compileq: DDP subgraph outputs unreadable (%s)", e)
+        return None
+
+
+def _checked(described: Any) -> list[Any] | None:
+    """The record as written by ``_describe``, or None: read from Redis, it is checked."""
+    import torch
+
+    if not isinstance(described, list):
+        return None
+    for item in described:
+        if item is None or (type(item) is int):
+            continue
+        if not isinstance(item, dict) or set(item) != {
+            "shape",
+            "stride",
+            "dtype",
+            "device",
+            "requires_grad",
+        }:
+            return None
+        sizes, strides = item["shape"], item["stride"]
+        if not (isinstance(sizes, list) and isinstance(strides, list)):
+            return None
+        if len(sizes) != len(strides) or not all(
+            type(n) is int and n >= 0 for n in (*sizes, *strides)
+        ):
+            return None
+        if not isinstance(getattr(torch, str(item["dtype"]), None), torch.dtype):
+            return None
+        torch.device(str(item["device"]))  # raises on a malformed name
+        if type(item["requires_grad"]) is not bool:
+            return None
+    return described
+
+
+def _make(described: list[Any], mode: Any) -> list[Any]:
+    import torch
+
+    made: list[Any] = []
+    with mode:
+        for item in described:
+            if not isinstance(item, dict):
+                made.append(item)
+                continue
+            tensor = torch.empty_strided(
+                item["shape"],
+                item["stride"],
+                dtype=getattr(torch, item["dtype"]),
+                device=torch.device(item["device"]),
+            )
+            if item["requires_grad"]:
+                tensor.requires_grad_(True)
+            made.append(tensor)
+    return made
