@@ -7,7 +7,7 @@ Inductor chose, and AOTAutograd's cache bypasses every graph compiled with that 
 (``check_cacheable``: "Won't cache a graph with fakify_first_call enabled"); its cached path
 has no such first call ("Notably absent from the cached path are: ... FakifiedOutWrapper",
 ``aot_autograd_result.py``). So every warm start of a DDP job, stock or not, traces and
-partitions every subgraph again: 4.3-5.7 s of a 8-11 s first step on two H200s
+partitions every subgraph again: 4.3-8.1 s of a 8-16 s first step on two H200s
 (docs/BENCHMARKS.md), more than all the rest of a warm compile.
 
 compileq adds what is absent, only for compileq's store:
@@ -183,7 +183,10 @@ def _lookup(original: Callable[..., Any]) -> Callable[..., Any]:
             # stored under the key this lookup computed.
             raise FXGraphCacheMiss
         # This entry object is this lookup's own (unpickled just now): torch loads it through
-        # these two, in 2.11 and 2.13 alike.
+        # these two, in 2.11 and 2.13 alike. Never wrapped twice (a second bucket counter
+        # step would be as wrong as none).
+        if isinstance(entry.compiled_fw, _Forward):
+            return found
         entry.compiled_fw = _Forward(entry.compiled_fw, outputs)
         if entry.compiled_bw is not None:
             entry.compiled_bw = _Backward(entry.compiled_bw, subgraph.context.ddp_optimizer_ctx)
