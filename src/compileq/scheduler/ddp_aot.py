@@ -76,8 +76,17 @@ class _Subgraph:
 def enable(store: Any) -> None:
     global _store
     _store = store
-    import_hooks.after_import(_CACHE, _patch_cache)
-    import_hooks.after_import(_WRAPPERS, _patch_wrappers)
+    hook()
+
+
+def hook() -> None:
+    """Wrap AOTAutograd's functions, now or once imported; nothing unless enabled. Like
+    graph_cache.hook_compile_fx: called again by install()'s second call, for ``compileq
+    run``, which installs while torch may still be loading AOTAutograd (``_patch_cache``
+    then finds the class not yet defined)."""
+    if _store is not None:
+        import_hooks.after_import(_CACHE, _patch_cache)
+        import_hooks.after_import(_WRAPPERS, _patch_wrappers)
 
 
 def disable() -> None:
@@ -271,10 +280,12 @@ def _first_call_returns(fw: Callable[..., Any], outputs: list[Any]) -> Callable[
 def _first_call_moves_bucket(bw: Callable[..., Any], ddp: Any) -> Callable[..., Any]:
     """``bw``, whose first call counts its bucket as done, as a lazy backward compile does
     (``ddp_ctx.curr_bucket -= 1`` in torch's runtime wrappers)."""
-    pending = [ddp]
+    first = True
 
     def backward(*args: Any, **kwargs: Any) -> Any:
-        if pending and pending.pop() is not None:
+        nonlocal first
+        if first:
+            first = False
             ddp.curr_bucket -= 1
         return bw(*args, **kwargs)
 
@@ -289,7 +300,7 @@ def _post_compile(original: Callable[..., Any]) -> Callable[..., Any]:
         wrapped = original(self, compiled_fn, aot_config, **kwargs)
         if getattr(self, "needs_post_compile", False) and _store is not None:
             try:
-                _record(aot_config, self.out_metas, kwargs.get("runtime_metadata"))
+                _record(aot_config, self.out_metas)
             except Exception as e:  # the record may be lost, never the compile
                 warn_once("ddp-aot", "compileq: DDP subgraph outputs not stored (%s)", e)
         return wrapped
@@ -297,10 +308,11 @@ def _post_compile(original: Callable[..., Any]) -> Callable[..., Any]:
     return post_compile
 
 
-def _record(aot_config: Any, fakes: list[Any], meta: Any) -> None:
-    info = getattr(aot_config, "cache_info", None)
-    key = getattr(info, "cache_key", None)
-    if not key or meta is None or getattr(meta, "tokens", None):
+def _record(aot_config: Any, fakes: list[Any]) -> None:
+    """Store the fake outputs under the key the lookup computed (set only after a miss);
+    whether an entry is plain enough to load is decided at the lookup (``_plain``)."""
+    key = getattr(getattr(aot_config, "cache_info", None), "cache_key", None)
+    if not key:
         return
     described = _describe(fakes)
     if described is not None and _store.put(_record_key(key), json.dumps(described).encode()):
@@ -316,6 +328,10 @@ def _count(counter: Counter) -> None:
 
 def _record_key(aot_key: str) -> str:
     return keys.artifact(KIND, hashlib.sha256(aot_key.encode()).hexdigest())
+
+
+#: What a record says of each tensor output: written by ``_describe``, checked by ``_checked``.
+_FIELDS = frozenset({"shape", "stride", "dtype", "device", "requires_grad"})
 
 
 def _describe(fakes: list[Any]) -> list[Any] | None:
@@ -374,13 +390,7 @@ def _checked(described: Any) -> list[Any] | None:
     for item in described:
         if item is None or (type(item) is int):
             continue
-        if not isinstance(item, dict) or set(item) != {
-            "shape",
-            "stride",
-            "dtype",
-            "device",
-            "requires_grad",
-        }:
+        if not isinstance(item, dict) or set(item) != _FIELDS:
             return None
         sizes, strides = item["shape"], item["stride"]
         if not (isinstance(sizes, list) and isinstance(strides, list)):

@@ -24,7 +24,6 @@ class _Installed:
     original: Any  # the staticmethod object AsyncCompile had
     pool: CompileqPool
     fx: bool
-    ddp_aot: bool = False
 
 
 _installed: _Installed | None = None
@@ -80,10 +79,9 @@ def install(
                 from compileq.scheduler import graph_cache
 
                 graph_cache.hook_compile_fx()
-                if _installed.ddp_aot:  # AOTAutograd may have been loading the first time
-                    from compileq.scheduler import ddp_aot
+                from compileq.scheduler import ddp_aot
 
-                    ddp_aot.enable(_installed.pool.client.store)
+                ddp_aot.hook()  # nothing unless the first call enabled it
             from compileq.scheduler import profiles
 
             profiles.hook_compile_fx()
@@ -120,7 +118,6 @@ def install(
                 from compileq.scheduler import ddp_aot
 
                 ddp_aot.enable(client.store)
-                _installed.ddp_aot = True
         if settings.profiles and on_worker is None:
             from compileq.scheduler import profiles
 

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 
 from compileq import keys
+from compileq._laps import Laps
 from compileq._log import log
 from compileq.cache import meta
 from compileq.cache.counters import Counter
@@ -38,17 +39,17 @@ def execute_compile_fx(key: object) -> str:
     except (CompileqError, ValueError) as e:
         return reject(ctx, key, str(e))
 
-    started, started_at = time.perf_counter(), time.time()
-    laps = Laps()
+    started_at = time.time()
+    laps = Laps()  # a pool process's first graph also pays its one-time set-up: logged
     try:
-        output = generate(ctx, job, laps)
+        output, within = generate(ctx, job, laps)
         ctx.store.put(key, output)
         laps.lap("store")
     except Exception as e:  # Inductor's own error, or EntryTooLarge: the client compiles it
         log.warning("compileq worker: FX codegen of %s failed: %s", key, e)
         settle(client, key, f"{type(e).__name__}: {e}")
         return "failed"
-    seconds = time.perf_counter() - started
+    seconds = laps.total()
     ctx.store.count(
         {Counter.FX_REMOTE_COMPILES: 1},
         None,
@@ -59,7 +60,13 @@ def execute_compile_fx(key: object) -> str:
         ],
     )
     settle(client, key)
-    log.info("compileq worker: generated graph %s in %.2fs (%s)", key, seconds, laps)
+    log.info(
+        "compileq worker: generated graph %s in %.2fs (%s; in codegen: %s)",
+        key,
+        seconds,
+        laps.describe(),
+        within,
+    )
     return "built"
 
 
@@ -75,51 +82,39 @@ def _load_job(ctx: WorkerContext, key: str) -> FxJob:
     return job
 
 
-class Laps:
-    """Seconds per phase of one graph's codegen, for the worker's log line: a pool process's
-    first graph also pays its one-time set-up, and the log says how much."""
-
-    def __init__(self) -> None:
-        self._last = time.perf_counter()
-        self.phases: dict[str, float] = {}
-
-    def lap(self, phase: str) -> None:
-        now = time.perf_counter()
-        self.phases[phase] = now - self._last
-        self._last = now
-
-    def inductor(self, before: dict[str, float], after: dict[str, float]) -> None:
-        """The largest of Inductor's own timed phases (``dynamo_timed``) within codegen."""
-        grown = {name: after[name] - before.get(name, 0.0) for name in after}
-        top = sorted(grown.items(), key=lambda item: -item[1])[:_TOP_PHASES]
-        self.within = ", ".join(f"{name} {s:.2f}s" for name, s in top if s >= 0.01)
-
-    within = ""
-
-    def __str__(self) -> str:
-        laps = ", ".join(f"{name} {s:.2f}s" for name, s in self.phases.items())
-        return f"{laps}; in codegen: {self.within}" if self.within else laps
-
-
+#: How many of Inductor's own timed phases a graph's log line names, the longest first.
 _TOP_PHASES = 5
 
 
-def _inductor_times() -> dict[str, float]:
+def _inductor_events() -> dict[str, int]:
+    """How many times each of Inductor's timed phases (``dynamo_timed``) has run here."""
     from torch._dynamo.utils import compilation_time_metrics
 
-    return {name: sum(times) for name, times in compilation_time_metrics.items()}
+    return {name: len(times) for name, times in compilation_time_metrics.items()}
 
 
-def generate(ctx: WorkerContext, job: FxJob, laps: Laps | None = None) -> bytes:
-    """Inductor's ``_run_in_child`` on the job's input; the pickled output's bytes."""
+def _inductor_phases(since: dict[str, int]) -> str:
+    """The longest of Inductor's timed phases run after ``since`` was taken: only the new
+    entries are read (the lists grow with every graph this pool process generates)."""
+    from torch._dynamo.utils import compilation_time_metrics
+
+    grown = {
+        name: sum(times[since.get(name, 0) :]) for name, times in compilation_time_metrics.items()
+    }
+    top = sorted(grown.items(), key=lambda item: -item[1])[:_TOP_PHASES]
+    return ", ".join(f"{name} {s:.2f}s" for name, s in top if s >= 0.01)
+
+
+def generate(ctx: WorkerContext, job: FxJob, laps: Laps) -> tuple[bytes, str]:
+    """Inductor's ``_run_in_child`` on the job's input: the pickled output's bytes, and the
+    longest of Inductor's own phases in it."""
     import torch
     from torch._inductor.compile_fx_ext import _OutOfProcessFxCompile, _WireProtocolPickledInput
     from torch._inductor.utils import clear_caches
 
-    laps = laps or Laps()
     _install_in_this_process(ctx)
     laps.lap("set-up")
-    before = _inductor_times()
+    before = _inductor_events()
     # As Inductor's subprocess scheme: a previous graph's in-memory caches (and the temp
     # dirs they point at) must not leak into this one.
     clear_caches()
@@ -134,8 +129,7 @@ def generate(ctx: WorkerContext, job: FxJob, laps: Laps | None = None) -> bytes:
     ):
         output = _OutOfProcessFxCompile._run_in_child(_WireProtocolPickledInput(job.pickled_input))
     laps.lap("codegen")
-    laps.inductor(before, _inductor_times())
-    return bytes(output.value)
+    return bytes(output.value), _inductor_phases(before)
 
 
 @contextlib.contextmanager

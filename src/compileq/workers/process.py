@@ -12,9 +12,9 @@ import gc
 import os
 import socket
 import sys
-import time
 from typing import TYPE_CHECKING, Any
 
+from compileq._laps import Laps
 from compileq._log import log
 
 if TYPE_CHECKING:
@@ -44,28 +44,14 @@ def cpu_fx_toolchains(gpus: list[Target]) -> dict[str, FxToolchain]:
     return found
 
 
-class StartTimes:
-    """Seconds spent in each phase of a worker's start, logged once it takes work: where a
-    slow start goes (imports, fingerprints, probes, the fork check) is then in every log."""
-
-    def __init__(self) -> None:
-        self._started = self._last = time.monotonic()
-        self.phases: dict[str, float] = {}
-
-    def lap(self, phase: str) -> None:
-        now = time.monotonic()
-        self.phases[phase] = self.phases.get(phase, 0.0) + now - self._last
-        self._last = now
-
-    def summary(self) -> str:
-        self.lap("celery start")
-        total = time.monotonic() - self._started
-        parts = ", ".join(f"{name} {s:.1f}s" for name, s in self.phases.items())
-        return f"ready {total:.1f}s after its process started ({parts})"
+def _ready_line(times: Laps) -> str:
+    times.lap("celery start")
+    return f"ready {times.total():.1f}s after its process started ({times.describe(1)})"
 
 
 def main(argv: list[str] | None = None) -> int:
-    times = StartTimes()
+    # Where a slow start goes (imports, fingerprints, probes, the fork check), in every log.
+    times = Laps()
     parser = argparse.ArgumentParser(prog="compileq-worker-process")
     parser.add_argument("--name", required=True)
     parser.add_argument("--targets", required=True, help="comma list, e.g. cuda-90-w32")
@@ -200,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     # so clients never route to a worker that is not consuming.
     def ready(sender: Any = None, **_: Any) -> None:
         heartbeat.start()
-        log.info("compileq worker %s: %s", args.name, times.summary())
+        log.info("compileq worker %s: %s", args.name, _ready_line(times))
         late_queues.start(sender)
 
     signals.worker_ready.connect(ready, weak=False)
