@@ -107,7 +107,7 @@ def run_job(
         raise SystemExit(f"{name} failed:\n{proc.stderr[-4000:]}")
     ranks = [json.loads(p.read_text()) for p in sorted(caches.glob("rank*/result.json"))]
     after = cluster.stats()
-    delta = {k: int(after.get(k, 0)) - int(before.get(k, 0)) for k in after if k in before}
+    delta = {k: int(v) - int(before.get(k, 0)) for k, v in after.items() if isinstance(v, int)}
     return {
         "ranks_first_step_s": [r["first_step_s"] for r in ranks],
         "all_done_s": round(max(r["finished_at"] for r in ranks) - launched, 3),
@@ -116,6 +116,10 @@ def run_job(
         "fallbacks": delta.get("fallbacks", 0),
         "sent_ahead": delta.get("fx_sent_ahead", 0),
         "profiles_loaded": delta.get("profile_loads", 0),
+        # AOTAutograd: lookups that missed, and DDP subgraphs loaded or recorded (ddp_aot).
+        "aot_misses": delta.get("aot_misses", 0),
+        "ddp_subgraph_loads": delta.get("ddp_subgraph_loads", 0),
+        "ddp_subgraph_records": delta.get("ddp_subgraph_records", 0),
         "losses": [r["losses"] for r in ranks],
         "matches_eager": all(r["matches_eager"] for r in ranks),
         "phases": ranks[0].get("compile_phases", {}),

@@ -99,6 +99,7 @@ with torch.cuda._DeviceGuard(0):
     buf1 = torch.empty((4,), device='cuda:0')
     x = torch.ones(2, device=device(type='cuda', index=0))
 # %mm : Tensor "f32[4, 4][4, 1]cuda:0" = PlaceHolder[target=mm]
+# %full : ... = call_function[target=torch.ops.aten.full.default](args = ([4], 0), kwargs = {device: cuda:0})
     triton_meta={'device': DeviceProperties(type='cuda', index=0, multi_processor_count=132, cc=90)}
     buf10 = stream10  # names that merely contain the digits stay
 """
@@ -109,6 +110,7 @@ def test_output_code_for_cuda_0_is_retargeted_to_cuda_k_and_back() -> None:
     assert "_DeviceGuard(5)" in retargeted and "set_device(5)" in retargeted
     assert "stream5 = get_raw_stream(5)" in retargeted and "stream=stream5" in retargeted
     assert "device='cuda:5'" in retargeted and "index=5)" in retargeted
+    assert "{device: cuda:5}" in retargeted
     assert 'cuda:5"' in retargeted and "DeviceProperties(type='cuda', index=5," in retargeted
     assert "buf10 = stream10" in retargeted and "buf0 = " in retargeted
     assert device_index.normalise_code(retargeted, 5) == OUTPUT_CODE

@@ -174,6 +174,11 @@ class Settings(BaseSettings):
         description="With graph_cache: serve DDPOptimizer's subgraphs from AOTAutograd's cache, "
         "which stock torch bypasses for them (see scheduler/ddp_aot.py).",
     )
+    index_free_keys: bool = Field(
+        True,
+        description="With graph_cache: key Inductor's FX-graph and AOTAutograd entries as for "
+        "cuda:0, so every GPU index shares one entry per graph (see scheduler/index_free.py).",
+    )
     speculate: bool = Field(
         True,
         description="With fx: send a training graph's backward to the workers when AOTAutograd "

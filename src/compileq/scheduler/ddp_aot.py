@@ -42,7 +42,8 @@ from typing import Any
 from compileq import keys
 from compileq._log import log, warn_once
 from compileq.cache.counters import Counter
-from compileq.scheduler import import_hooks
+from compileq.scheduler import import_hooks, index_free
+from compileq.scheduler.patches import Patches
 
 KIND = "aotddp"
 _CACHE = "torch._functorch._aot_autograd.autograd_cache"
@@ -54,13 +55,12 @@ _MAX_RECORD = 256 * 1024
 _HOOKS = (
     "AOTAutogradCache.try_load",
     "AOTAutogradCache._lookup",
-    "torch._functorch._aot_autograd.autograd_cache.autograd_cache_key",
     "FakifiedOutWrapper.post_compile",
 )
 
 _thread = threading.local()
 _store: Any = None
-_originals: dict[str, tuple[Any, str, Any]] = {}
+_patches = Patches("DDP subgraphs stay uncached")
 
 
 @dataclass
@@ -91,38 +91,22 @@ def hook() -> None:
 
 def disable() -> None:
     global _store
-    for owner, name, original in _originals.values():
-        setattr(owner, name, original)
-    _originals.clear()
+    _patches.undo()
     _store = None
-
-
-def _wrap(owner: Any, name: str, make: Callable[[Any], Any]) -> None:
-    """Replace ``owner.name`` with ``make(original)``, once; nothing if torch lacks it."""
-    ident = f"{getattr(owner, '__name__', owner)}.{name}"
-    original = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
-    if original is None:
-        log.info("compileq: this torch has no %s; DDP subgraphs stay uncached", ident)
-        return
-    if ident in _originals:
-        return
-    _originals[ident] = (owner, name, original)
-    setattr(owner, name, make(original))
 
 
 def _patch_cache(module: Any) -> None:
     cache = getattr(module, "AOTAutogradCache", None)
-    if cache is None or not hasattr(module, "autograd_cache_key"):
+    if cache is None:
         return  # still loading (see import_hooks.after_import), or another layout
-    _wrap(cache, "try_load", lambda f: staticmethod(_try_load(f.__func__)))
-    _wrap(cache, "_lookup", lambda f: staticmethod(_lookup(f.__func__)))
-    _wrap(module, "autograd_cache_key", _cache_key)
+    _patches.wrap_static(cache, "try_load", _try_load)
+    _patches.wrap_static(cache, "_lookup", _lookup)
 
 
 def _patch_wrappers(module: Any) -> None:
     fakified = getattr(module, "FakifiedOutWrapper", None)
     if fakified is not None:
-        _wrap(fakified, "post_compile", _post_compile)
+        _patches.wrap(fakified, "post_compile", _post_compile)
 
 
 def _try_load(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -131,7 +115,7 @@ def _try_load(original: Callable[..., Any]) -> Callable[..., Any]:
 
     def try_load(*args: Any, **kwargs: Any) -> Any:
         context = _ddp_subgraph_context()
-        if context is None or _store is None or not set(_HOOKS) <= set(_originals):
+        if context is None or _store is None or not _patches.all_of(_HOOKS):
             # All or nothing: a subgraph loaded without its first call's fake outputs would
             # run its kernels on fake tensors.
             return original(*args, **kwargs)
@@ -165,26 +149,17 @@ def _ddp_subgraph_context() -> Any:
     return context
 
 
-def _cache_key(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def autograd_cache_key(*args: Any, **kwargs: Any) -> Any:
-        found = original(*args, **kwargs)
-        subgraph = getattr(_thread, "subgraph", None)
-        if subgraph is not None:
-            subgraph.key = found[0]
-        return found
-
-    return autograd_cache_key
-
-
 def _lookup(original: Callable[..., Any]) -> Callable[..., Any]:
-    def lookup(*args: Any, **kwargs: Any) -> Any:
-        found = original(*args, **kwargs)
+    def lookup(key: str, *args: Any, **kwargs: Any) -> Any:
+        found = original(key, *args, **kwargs)
         subgraph = getattr(_thread, "subgraph", None)
         if subgraph is None or found is None:
             return found
+        subgraph.key = key
         entry = found[0]
-        outputs = _outputs(subgraph.key) if _plain(entry) else None
+        # (local, remote, args, cache_info, aot_config) in torch 2.11 and 2.13
+        example = kwargs.get("args", args[2] if len(args) > 2 else ())
+        outputs = _outputs(key, example) if _plain(entry) else None
         if outputs is None:
             from torch._functorch._aot_autograd.autograd_cache import FXGraphCacheMiss
 
@@ -315,6 +290,17 @@ def _record(aot_config: Any, fakes: list[Any]) -> None:
     if not key:
         return
     described = _describe(fakes)
+    if described is not None and index_free.marked(key):
+        # Stored for cuda:0, as the key was computed (see index_free); loaded for any index.
+        cuda = {
+            item["device"]
+            for item in described
+            if isinstance(item, dict) and item["device"].startswith("cuda")
+        }
+        if len(cuda) > 1 or not all(d.removeprefix("cuda:").isdigit() for d in cuda):
+            return
+        if cuda:
+            described = _moved(described, int(cuda.pop().removeprefix("cuda:")), 0)
     if described is not None and _store.put(_record_key(key), json.dumps(described).encode()):
         _count(Counter.DDP_SUBGRAPH_RECORDS)
 
@@ -364,9 +350,10 @@ def _describe(fakes: list[Any]) -> list[Any] | None:
     return described
 
 
-def _outputs(aot_key: str | None) -> list[Any] | None:
-    """The stored outputs of the subgraph with this key, checked; None if absent or bad."""
-    if aot_key is None or _store is None:
+def _outputs(aot_key: str, example_inputs: Any) -> list[Any] | None:
+    """The stored outputs of the subgraph with this key, checked, on the example inputs' GPU
+    where the key is one for every index (``index_free``); None if absent or bad."""
+    if _store is None:
         return None
     try:
         entry = _store.get_many([_record_key(aot_key)])[0]
@@ -375,10 +362,23 @@ def _outputs(aot_key: str | None) -> list[Any] | None:
         payload = entry.payload()
         if len(payload) > _MAX_RECORD:
             return None
-        return _checked(json.loads(payload))
+        described = _checked(json.loads(payload))
     except Exception as e:  # a lost record costs a compile, never the job
         warn_once("ddp-aot-read", "compileq: DDP subgraph outputs unreadable (%s)", e)
         return None
+    if described is None or not index_free.marked(aot_key):
+        return described
+    index = index_free.inputs_index(example_inputs)
+    return None if index is None else _moved(described, 0, index)
+
+
+def _moved(described: list[Any], old: int, new: int) -> list[Any]:
+    """The record with its outputs on ``cuda:old`` put on ``cuda:new``."""
+    before, after = f"cuda:{old}", f"cuda:{new}"
+    return [
+        {**item, "device": after} if isinstance(item, dict) and item["device"] == before else item
+        for item in described
+    ]
 
 
 def _checked(described: Any) -> list[Any] | None:

@@ -16,12 +16,11 @@ Inductor computed it (it names the device index, and is not handed to codegen).
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from collections.abc import Sequence
 from typing import Any
 
-from compileq.tasks import device_index
+from compileq.scheduler import index_free
 
 
 def graph_key(
@@ -33,46 +32,12 @@ def graph_key(
 ) -> str | None:
     """sha256 of Inductor's hash details of the graph with ``cuda:index`` as ``cuda:0``; None
     where Inductor would not cache the graph (then the job is keyed by its bytes)."""
-    from torch._inductor.codecache import FxGraphHashDetails
+    from torch._inductor.codecache import FxGraphCachePickler, FxGraphHashDetails
 
     try:
         details = FxGraphHashDetails(gm, example_inputs, graph_kwargs, inputs_to_check)
-        pickler = _pickler_class()(gm, len(details.user_defined_triton_source) != 0, index)
+        pickler = FxGraphCachePickler(gm, len(details.user_defined_triton_source) != 0)
+        index_free.normalise_pickler(pickler, gm, index)
         return hashlib.sha256(pickler.dumps(details)).hexdigest()
     except Exception:  # BypassFxGraphCache and anything that refuses to pickle
         return None
-
-
-@functools.cache
-def _pickler_class() -> type:
-    import torch
-    from torch._inductor.codecache import FxGraphCachePickler
-
-    class KeyPickler(FxGraphCachePickler):  # type: ignore[misc,valid-type]
-        def __init__(self, gm: Any, user_triton: bool, index: int | None) -> None:
-            super().__init__(gm, user_triton)
-            if not index:
-                return
-            self._index = index
-            self.dispatch_table[torch.device] = self._reduce_device
-            # The graph's own code writes its devices as ``device(type='cuda', index=k)``.
-            for module in gm.modules():
-                if isinstance(module, torch.fx.GraphModule):
-                    base = self.dispatch_table.get(module.__class__)
-                    self.dispatch_table[module.__class__] = functools.partial(
-                        self._reduce_graph_module_for_cuda0, base
-                    )
-
-        def _reduce_device(self, device: Any) -> Any:
-            if device.type == "cuda" and device.index == self._index:
-                return torch.device, ("cuda", 0)
-            return device.__reduce__()
-
-        def _reduce_graph_module_for_cuda0(self, base: Any, gm: Any) -> Any:
-            fn, (data, *rest) = base(gm) if base is not None else gm.__reduce__()
-            code = data.get("_code")
-            if isinstance(code, str):
-                data = {**data, "_code": device_index.normalise_code(code, self._index)}
-            return fn, (data, *rest)
-
-    return KeyPickler

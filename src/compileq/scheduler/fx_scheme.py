@@ -193,19 +193,6 @@ class _ClientOutput(_WireProtocolPickledOutput):  # type: ignore[misc]
         graph = getattr(result, "graph", None)
         if isinstance(graph, CompiledFxGraph):
             if self.index:
-                retarget_graph(graph, self.index)
+                device_index.move_graph(graph, 0, self.index)
             graph.after_deserialization(constants)
         return result
-
-
-def retarget_graph(graph: Any, index: int) -> None:
-    """A ``CompiledFxGraph`` generated for ``cuda:0``, as generated for ``cuda:index``."""
-    from torch._inductor.codecache import PyCodeCache
-
-    graph.source_code = device_index.retarget_code(graph.source_code, index)
-    # The code's key names the file it is loaded from: another index is another module.
-    graph.cache_key = PyCodeCache.write(graph.source_code)[0]
-    if graph.device_idxs:
-        graph.device_idxs = type(graph.device_idxs)(
-            index if i == 0 else i for i in graph.device_idxs
-        )

@@ -82,6 +82,9 @@ def install(
                 from compileq.scheduler import ddp_aot
 
                 ddp_aot.hook()  # nothing unless the first call enabled it
+                from compileq.scheduler import index_free
+
+                index_free.hook()  # nothing unless the first call enabled it
             from compileq.scheduler import profiles
 
             profiles.hook_compile_fx()
@@ -118,6 +121,10 @@ def install(
                 from compileq.scheduler import ddp_aot
 
                 ddp_aot.enable(client.store)
+            if settings.index_free_keys and on_worker is None:
+                from compileq.scheduler import index_free
+
+                index_free.enable()
         if settings.profiles and on_worker is None:
             from compileq.scheduler import profiles
 
@@ -145,9 +152,10 @@ def uninstall() -> None:
         from torch._inductor.async_compile import AsyncCompile
 
         AsyncCompile.process_pool = _installed.original  # type: ignore[method-assign]
-        from compileq.scheduler import cpp_cache, ddp_aot, graph_cache
+        from compileq.scheduler import cpp_cache, ddp_aot, graph_cache, index_free
 
         ddp_aot.disable()
+        index_free.disable()
         fx_remote.disable()
         speculative.disable()
         graph_cache.disable()

@@ -30,11 +30,12 @@ from typing import Any
 #: 2.13): ``torch.cuda._DeviceGuard(k)``, ``torch.cuda.set_device(k)``, ``streamk =
 #: get_raw_stream(k)``, ``DeviceProperties(type='cuda', index=k, ...)``, ``device(type='cuda',
 #: index=k)`` (a torch.device's repr), the strings ``'cuda:k'`` / ``"cuda:k"``, and the graph
-#: fragments quoted in comments (``Tensor "f32[4, 64][64, 1]cuda:k"``).
+#: fragments quoted in comments (``Tensor "f32[4, 64][64, 1]cuda:k"``, and a node's keyword
+#: ``device: cuda:k``, as in ``aten.full.default(..., kwargs = {..., device: cuda:k})``).
 _CODE = re.compile(
     r"(?P<pre>torch\.cuda\._DeviceGuard\(|torch\.cuda\.set_device\(|get_raw_stream\("
     r"|DeviceProperties\(type='cuda', index=|device\(type='cuda', index=|\bstream"
-    r"|['\"\]]cuda:)(?P<index>\d+)\b"
+    r"|['\"\]]cuda:|\bdevice: cuda:)(?P<index>\d+)\b"
 )
 _KERNEL = re.compile(r"(?P<pre>DeviceProperties\(type='cuda', index=)(?P<index>\d+)\b")
 
@@ -58,6 +59,21 @@ def retarget_code(code: str, index: int) -> str:
 def normalise_code(code: str, index: int) -> str:
     """Code written for ``cuda:index`` (a graph module's own code), as if for ``cuda:0``."""
     return _swap(code, index, 0)
+
+
+def move_graph(graph: Any, old: int, new: int) -> None:
+    """A ``CompiledFxGraph`` generated for ``cuda:old``, as generated for ``cuda:new``."""
+    from torch._inductor.codecache import PyCodeCache
+
+    if old == new:
+        return
+    graph.source_code = _swap(graph.source_code, old, new)
+    # The code's key names the file it is loaded from: another index is another module.
+    graph.cache_key = PyCodeCache.write(graph.source_code)[0]
+    if graph.device_idxs:
+        graph.device_idxs = type(graph.device_idxs)(
+            new if i == old else i for i in graph.device_idxs
+        )
 
 
 def _swap(code: str, old: int, new: int) -> str:

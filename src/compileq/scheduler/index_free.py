@@ -1,0 +1,361 @@
+"""Inductor's FX-graph and AOTAutograd cache entries, one per graph whatever its GPU index.
+
+Stock keys both caches on the device index (the example inputs' ``cuda:k``, and ``index=k``
+in the graph's code), so rank k of a node misses the entries rank 0 wrote for the same
+graph, and a job placed on other GPUs misses them all. compileq already generates a graph once
+for every index (``tasks/device_index.py``); here the entries follow:
+
+* **Keys.** ``compiled_fx_graph_hash`` and ``autograd_cache_key`` run with Inductor's cache
+  pickler writing ``cuda:k`` as ``cuda:0`` (devices, and the code of the graph modules), and
+  the key gets :data:`SUFFIX`. Only graphs on one CUDA device that an example input is on
+  (:func:`graph_index`), where the output code's index is in places compileq rewrites.
+* **Stored for cuda:0.** An FX entry under a marked key is stored with its code rewritten for
+  ``cuda:0`` (``_save_graph``); an AOTAutograd entry under a marked key is stored only if
+  every FX key it names is marked too (else a rank would load code for another GPU).
+* **Loaded for cuda:k.** An FX entry found under a marked key has its code rewritten for the
+  example inputs' GPU before Inductor writes and loads it (``cache_hit_post_compile``);
+  without one GPU among the inputs it reads as a miss.
+
+Why a marked key, and not the key stock would compute for ``cuda:0``: under that key a stock
+process may have stored a graph that also names another GPU, and rewriting its ``cuda:0``
+would move those tensors. Every entry under a marked key was written by compileq for
+``cuda:0``, whoever wrote it. Rejected too: storing per index and copying on a miss (one
+entry per index still, and a miss to pay per index).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import copy
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from compileq._log import log
+from compileq.scheduler import import_hooks
+from compileq.scheduler.patches import Patches
+from compileq.tasks import device_index
+
+#: Ends every FX-graph and AOTAutograd key computed as for ``cuda:0``.
+SUFFIX = "-cuda0"
+
+_CODECACHE = "torch._inductor.codecache"
+_AOT_CACHE = "torch._functorch._aot_autograd.autograd_cache"
+_HOOKS = (
+    "torch._inductor.codecache.compiled_fx_graph_hash",
+    "FxGraphCachePickler.__init__",
+    "FxGraphCache._save_graph",
+    "FxGraphCache._lookup_graph",
+    "FxGraphCache.cache_hit_post_compile",
+    "torch._functorch._aot_autograd.autograd_cache.autograd_cache_key",
+    "AOTAutogradCache.save",
+)
+
+_patches = Patches("cache entries stay one per GPU index")
+_enabled = False
+#: The index of the graph whose key is being computed (set around the two key functions).
+_keying: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "compileq_keying", default=None
+)
+#: The index of the graph whose FX entry is being looked up.
+_loading: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "compileq_loading", default=None
+)
+
+
+def enable() -> None:
+    global _enabled
+    _enabled = True
+    hook()
+
+
+def hook() -> None:
+    """Wrap Inductor's and AOTAutograd's functions, now or once imported; nothing unless
+    enabled. Called again by install()'s second call, as ``ddp_aot.hook``."""
+    if _enabled:
+        import_hooks.after_import(_CODECACHE, _patch_codecache)
+        import_hooks.after_import(_AOT_CACHE, _patch_aot_cache)
+
+
+def disable() -> None:
+    global _enabled
+    _patches.undo()
+    _enabled = False
+
+
+def active() -> bool:
+    """Whether keys are marked (every hook in place: a marked key with an entry stored for
+    its own index would be as wrong as none)."""
+    return _enabled and _patches.all_of(_HOOKS)
+
+
+def marked(key: str | None) -> bool:
+    return bool(key) and key.endswith(SUFFIX)  # type: ignore[union-attr]
+
+
+# -- which graphs ------------------------------------------------------------------------------
+
+
+def inputs_index(example_inputs: Sequence[Any]) -> int | None:
+    """The one CUDA index of the example inputs' tensors; None for none, or for several."""
+    import torch
+
+    found: set[int | None] = set()
+    for value in example_inputs:
+        if isinstance(value, torch.Tensor) and value.device.type == "cuda":
+            found.add(value.device.index)
+    if len(found) != 1:
+        return None
+    return next(iter(found))
+
+
+def graph_index(gm: Any, example_inputs: Sequence[Any]) -> int | None:
+    """The CUDA index a graph's keys may be computed for ``cuda:0`` from, or None (keys as
+    stock's): every device of the graph (its inputs and each node's value) the CPU or that
+    one ``cuda:k``, which an example input is on; no HIP, C++ wrapper, user Triton kernel or
+    wrapped compiled region (code compileq does not rewrite, or that names devices itself)."""
+    import torch
+    from torch._inductor import config
+
+    index = inputs_index(example_inputs)
+    if index is None or torch.version.hip:
+        return None
+    if config.cpp_wrapper or getattr(config, "wrap_inductor_compiled_regions", False):
+        return None
+    graph_module = _graph_module(gm)
+    if graph_module is None:
+        return None
+    for module in graph_module.modules():
+        if not isinstance(module, torch.fx.GraphModule):
+            continue
+        for node in module.graph.nodes:
+            if "triton_kernel_wrapper" in str(node.target):
+                return None
+            for name in ("val", "example_value"):
+                if not _on(node.meta.get(name), index):
+                    return None
+    return index
+
+
+def _graph_module(gm: Any) -> Any:
+    """The graph module itself, or the one in torch 2.13's ``GmWrapper``; None for neither."""
+    import torch
+
+    if not isinstance(gm, torch.fx.GraphModule):
+        gm = getattr(gm, "gm", None)
+    return gm if isinstance(gm, torch.fx.GraphModule) else None
+
+
+def _on(value: Any, index: int) -> bool:
+    """Whether every tensor in ``value`` is on the CPU or on ``cuda:index``."""
+    import torch
+
+    items = value if isinstance(value, (list, tuple)) else (value,)
+    for item in items:
+        if isinstance(item, torch.Tensor):
+            device = item.device
+            if device.type != "cpu" and (device.type != "cuda" or device.index != index):
+                return False
+    return True
+
+
+# -- keys --------------------------------------------------------------------------------------
+
+
+def normalise_pickler(pickler: Any, gm: Any, index: int | None) -> None:
+    """Make an ``FxGraphCachePickler`` (or subclass) write ``cuda:index`` as ``cuda:0``:
+    devices, and the code of every graph module of ``gm`` (``device(type='cuda',
+    index=k)`` in calls that make tensors)."""
+    import torch
+
+    if not index:
+        return
+    pickler.dispatch_table[torch.device] = functools.partial(_reduce_device, index)
+    graph_module = _graph_module(gm)
+    for module in graph_module.modules() if graph_module is not None else ():
+        if isinstance(module, torch.fx.GraphModule):
+            base = pickler.dispatch_table.get(module.__class__) or _default_reduce
+            if isinstance(base, functools.partial) and base.func is _normalised_reduce:
+                continue  # a class seen already
+            pickler.dispatch_table[module.__class__] = functools.partial(
+                _normalised_reduce, base, index
+            )
+    # torch 2.13's AOTAutograd pickler reduces graph modules in reducer_override, which
+    # comes before the dispatch table; it calls this method by name.
+    own = getattr(pickler, "_reduce_graph_module_for_cache_key", None)
+    if own is not None:
+        pickler._reduce_graph_module_for_cache_key = functools.partial(
+            _normalised_reduce, own, index
+        )
+
+
+def _default_reduce(gm: Any) -> Any:
+    return gm.__reduce__()
+
+
+def _reduce_device(index: int, device: Any) -> Any:
+    import torch
+
+    if device.type == "cuda" and device.index == index:
+        return torch.device, ("cuda", 0)
+    return device.__reduce__()
+
+
+def _normalised_reduce(base: Callable[[Any], Any], index: int, gm: Any) -> Any:
+    fn, args, *rest = base(gm)
+    return (fn, _normalised(args, index), *rest)
+
+
+def _normalised(value: Any, index: int) -> Any:
+    """A graph module's reduce arguments with the ``_code`` in them written for cuda:0."""
+    if isinstance(value, tuple):
+        return tuple(_normalised(item, index) for item in value)
+    if isinstance(value, dict) and isinstance(value.get("_code"), str):
+        return {**value, "_code": device_index.normalise_code(value["_code"], index)}
+    return value
+
+
+def _keyed(original: Callable[..., Any]) -> Callable[..., Any]:
+    """A key function (graph module, example inputs, ...) -> (key, debug lines) that computes
+    the key as for cuda:0, marked, where ``graph_index`` allows."""
+
+    @functools.wraps(original)
+    def key_function(gm: Any, example_inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        index = graph_index(gm, example_inputs) if active() else None
+        if index is None:
+            return original(gm, example_inputs, *args, **kwargs)
+        token = _keying.set(index)
+        try:
+            key, lines = original(gm, example_inputs, *args, **kwargs)
+        finally:
+            _keying.reset(token)
+        return key + SUFFIX, lines
+
+    return key_function
+
+
+def _pickler_init(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def __init__(self: Any, gm: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, gm, *args, **kwargs)
+        index = _keying.get()
+        if index is not None:
+            normalise_pickler(self, gm, index)
+
+    return __init__
+
+
+# -- entries -----------------------------------------------------------------------------------
+
+
+def _save_graph(original: Callable[..., Any]) -> Callable[..., Any]:
+    def save_graph(key: str, compiled_graph: Any, example_inputs: Any, *args: Any) -> Any:
+        if not marked(key):
+            return original(key, compiled_graph, example_inputs, *args)
+        index = inputs_index(example_inputs)
+        if index is None:
+            return None  # not the graph the key was computed for: nothing stored
+        if index == 0:
+            return original(key, compiled_graph, example_inputs, *args)
+        stored = copy.copy(compiled_graph)
+        device_index.move_graph(stored, index, 0)
+        try:
+            return original(key, stored, example_inputs, *args)
+        finally:
+            # Set by the save on the object it is given, read later from this one
+            # (AOTAutograd keeps the guards with the FX key it stores).
+            for name in ("guards_expr", "extern_libs_key"):
+                if hasattr(stored, name):
+                    setattr(compiled_graph, name, getattr(stored, name))
+
+    return save_graph
+
+
+def _lookup_graph(original: Callable[..., Any]) -> Callable[..., Any]:
+    def lookup_graph(key: str, example_inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        if not marked(key):
+            return original(key, example_inputs, *args, **kwargs)
+        index = inputs_index(example_inputs)
+        if index is None:
+            log.debug("compileq: FX entry %s found for no one GPU; compiling", key)
+            return None, {}
+        token = _loading.set(index)
+        try:
+            graph, info = original(key, example_inputs, *args, **kwargs)
+        finally:
+            _loading.reset(token)
+        if graph is not None and getattr(graph, _MOVED, 0) != index:
+            # Loaded without passing the hook below (another torch's call order): its code
+            # may be for another GPU, so it is not run.
+            log.debug("compileq: FX entry %s not moved to cuda:%d; compiling", key, index)
+            return None, info
+        return graph, info
+
+    return lookup_graph
+
+
+#: Set on a loaded graph by the hook below: the index its code was moved to.
+_MOVED = "_compileq_moved_to"
+
+
+def _hit_post_compile(original: Callable[..., Any]) -> Callable[..., Any]:
+    def cache_hit_post_compile(graph: Any, *args: Any, **kwargs: Any) -> Any:
+        index = _loading.get()
+        if index is not None:
+            device_index.move_graph(graph, 0, index)
+            setattr(graph, _MOVED, index)
+        return original(graph, *args, **kwargs)
+
+    return cache_hit_post_compile
+
+
+def _aot_save(original: Callable[..., Any]) -> Callable[..., Any]:
+    def save(key: str, entry: Any, *args: Any, **kwargs: Any) -> Any:
+        if marked(key) and not _loads_anywhere(entry):
+            log.debug("compileq: AOTAutograd entry %s not stored: it names another GPU", key)
+            return None
+        return original(key, entry, *args, **kwargs)
+
+    return save
+
+
+def _loads_anywhere(entry: Any) -> bool:
+    """Whether each graph the entry names is an FX entry stored for cuda:0 (a marked key),
+    and nothing else in it names a GPU index (graph-safe RNG states do)."""
+    meta = getattr(entry, "runtime_metadata", None)
+    if meta is None:
+        return False
+    if getattr(meta, "num_graphsafe_rng_states", 0):
+        return False
+    for part in (entry.compiled_fw, getattr(entry, "compiled_bw", None)):
+        if part is None:
+            continue
+        info = getattr(part, "fx_graph_cache_info", None)
+        if not (isinstance(info, tuple) and marked(info[0])):
+            return False
+    return True
+
+
+# -- hooks -------------------------------------------------------------------------------------
+
+
+def _patch_codecache(module: Any) -> None:
+    cache, pickler = (
+        getattr(module, "FxGraphCache", None),
+        getattr(module, "FxGraphCachePickler", None),
+    )
+    if cache is None or pickler is None or not hasattr(module, "compiled_fx_graph_hash"):
+        return  # still loading (see import_hooks.after_import)
+    _patches.wrap(module, "compiled_fx_graph_hash", _keyed)
+    _patches.wrap(pickler, "__init__", _pickler_init)
+    _patches.wrap_static(cache, "_save_graph", _save_graph)
+    _patches.wrap_static(cache, "_lookup_graph", _lookup_graph)
+    _patches.wrap_static(cache, "cache_hit_post_compile", _hit_post_compile)
+
+
+def _patch_aot_cache(module: Any) -> None:
+    cache = getattr(module, "AOTAutogradCache", None)
+    if cache is None or not hasattr(module, "autograd_cache_key"):
+        return
+    _patches.wrap(module, "autograd_cache_key", _keyed)
+    _patches.wrap_static(cache, "save", _aot_save)
