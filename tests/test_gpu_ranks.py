@@ -116,9 +116,10 @@ def test_a_ddp_job_on_two_gpus_generates_each_graph_once_and_matches_stock(
     assert counters["kernel_local_compiles"] == 0
     # Both ranks' graphs under one key each (scheduler/index_free.py): one FX entry per graph;
     # keyed per index, as stock keys them, the same job stores two. Subgraph records are
-    # shared too, but not all: in cold runs with workers, a few subgraphs (3 of 9 here, 2 of
-    # 17 in bench.ddp) still get a key of their own per rank, cause not yet isolated (without
-    # workers all 9 were shared), so fewer than per index is what holds.
+    # shared too, but not all: a backward sent ahead (scheduler/speculative.py) changes the
+    # next subgraph's AOTAutograd key on the rank that sent it (bench.ddp on 2 x H200: 17
+    # records for 17 subgraphs with COMPILEQ_SPECULATE=0, 19 with it), so fewer than per
+    # index is what holds.
     client = redis_server.client()
     assert entries(client, "fx") == graphs, job.stderr[-3000:]
     records = entries(client, "aotddp")

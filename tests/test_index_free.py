@@ -1,20 +1,26 @@
-"""Inductor's cache keys computed as for ``cuda:0`` (scheduler/index_free.py), checked on fake
-CUDA tensors, which need no GPU. Loading and running such entries on another index is tested
-on two GPUs (tests/test_gpu_ranks.py)."""
+"""Inductor's cache keys computed as for ``cuda:0`` (scheduler/index_free.py), and DDP subgraph
+records under such keys, checked on fake CUDA tensors, which need no GPU (and a real
+redis-server). Loading and running such entries on another index is tested on two GPUs
+(tests/test_gpu_ranks.py)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import redis
 import torch
 import torch._functorch._aot_autograd.autograd_cache  # hooked on import, like codecache
 import torch.fx
 from torch._inductor import codecache
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from compileq.scheduler import index_free
+from compileq.cache.store import RedisStore
+from compileq.config import Settings
+from compileq.scheduler import ddp_aot, index_free
 
 
 @pytest.fixture
@@ -99,3 +105,29 @@ def test_disabling_gives_torch_its_own_functions_back() -> None:
         codecache.FxGraphCache.__dict__["_save_graph"],
     )
     assert now == stock
+
+
+def test_a_subgraph_record_under_a_marked_key_is_stored_for_cuda_0_and_read_for_any_gpu(
+    clean_cache: redis.Redis, settings: Settings
+) -> None:
+    store = RedisStore(clean_cache, settings)
+    ddp_aot.enable(store)
+    try:
+        with FakeTensorMode():
+            outputs = [torch.empty(4, 8, device="cuda:1"), None, 3]
+            on_gpu_2 = [torch.empty(2, device="cuda:2")]
+        marked, plain = "asubgraph" + index_free.SUFFIX, "asubgraph"
+        for key in (marked, plain):
+            ddp_aot._record(SimpleNamespace(cache_info=SimpleNamespace(cache_key=key)), outputs)
+        stored = json.loads(store.get(ddp_aot._record_key(marked)) or b"null")
+        assert stored[0]["device"] == "cuda:0" and stored[1:] == [None, 3]
+        assert stored[0]["shape"] == [4, 8] and stored[0]["stride"] == [8, 1]
+        loaded = ddp_aot._outputs(marked, on_gpu_2)
+        assert loaded is not None and loaded[0]["device"] == "cuda:2"
+        # Inputs on no one GPU: the record cannot be placed, so the subgraph compiles.
+        assert ddp_aot._outputs(marked, []) is None
+        # A key as stock computes it keeps its devices as they are.
+        unmoved = ddp_aot._outputs(plain, on_gpu_2)
+        assert unmoved is not None and unmoved[0]["device"] == "cuda:1"
+    finally:
+        ddp_aot.disable()
