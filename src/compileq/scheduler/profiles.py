@@ -14,8 +14,10 @@ of five caches that change between torch releases; Inductor's own format travels
 - the script the process runs (its file name and the sha256 of its content: a model defined
   in the script that changes is another job) and its arguments, less those naming a file or
   directory (an output dir or a checkpoint differs from run to run, the model does not);
-- ``WORLD_SIZE`` and ``RANK`` (a rank on ``cuda:k`` compiles graphs keyed for ``cuda:k``, and a
-  world size is another DDP split): one profile per rank;
+- ``WORLD_SIZE`` and ``RANK`` (a world size is another DDP split): one profile per rank. The
+  entries in it are mostly one per graph for every GPU index now (``index_free``), so one
+  profile could serve every rank, but two ranks' blobs are not merged yet: under one id the
+  last rank to exit would replace the others' entries;
 - the torch version.
 
 No host, path or time: equal on every machine and run of the same job. ``COMPILEQ_JOB_ID``
