@@ -38,6 +38,9 @@ from compileq.tasks import device_index
 
 #: Ends every FX-graph and AOTAutograd key computed as for ``cuda:0``.
 SUFFIX = "-cuda0"
+#: Set on a graph loaded under a marked key by ``cache_hit_post_compile``: the index its code
+#: was moved to.
+_MOVED = "_compileq_moved_to"
 
 _CODECACHE = "torch._inductor.codecache"
 _AOT_CACHE = "torch._functorch._aot_autograd.autograd_cache"
@@ -255,9 +258,9 @@ def _save_graph(original: Callable[..., Any]) -> Callable[..., Any]:
         index = inputs_index(example_inputs)
         if index is None:
             return None  # not the graph the key was computed for: nothing stored
-        if index == 0:
-            return original(key, compiled_graph, example_inputs, *args)
         stored = copy.copy(compiled_graph)
+        # A graph loaded here carries the index it was moved to; an entry must not.
+        stored.__dict__.pop(_MOVED, None)
         device_index.move_graph(stored, index, 0)
         try:
             return original(key, stored, example_inputs, *args)
@@ -292,10 +295,6 @@ def _lookup_graph(original: Callable[..., Any]) -> Callable[..., Any]:
         return graph, info
 
     return lookup_graph
-
-
-#: Set on a loaded graph by the hook below: the index its code was moved to.
-_MOVED = "_compileq_moved_to"
 
 
 def _hit_post_compile(original: Callable[..., Any]) -> Callable[..., Any]:
