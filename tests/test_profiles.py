@@ -91,3 +91,31 @@ def test_a_tampered_truncated_or_oversized_profile_is_ignored_counted_and_the_jo
     )
     assert run.ranks[0]["matches_eager"] is True
     assert stats(env, tmp_path)["profile_rejected"] == 3
+
+
+def test_processes_of_one_job_compiling_different_graphs_share_one_merged_profile(
+    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
+) -> None:
+    # Two processes of one job that compile different graphs, as pipeline stages do (here two
+    # model widths under one COMPILEQ_JOB_ID): each merges what it compiled into the profile.
+    job = {**ON, "COMPILEQ_JOB_ID": "pipeline"}
+    stages = {"stage0": (*SMALL, "--width", "64"), "stage1": (*SMALL, "--width", "96")}
+    first = {
+        name: run_script(env, tmp_path, name, LLAMA, *args, extra_env=job).ranks[0]
+        for name, args in stages.items()
+    }
+    assert len(profiles(clean_cache)) == 1
+    before = stats(env, tmp_path)
+    assert before["profile_saves"] == 2
+
+    # Each stage again on a new machine: both find all their graphs in the one profile.
+    for name, args in stages.items():
+        again = run_script(env, tmp_path, f"{name}-new", LLAMA, *args, extra_env=job).ranks[0]
+        assert again["losses"] == first[name]["losses"] and again["matches_eager"] is True
+    after = stats(env, tmp_path)
+    assert after["profile_loads"] - before["profile_loads"] == 2
+    assert {c: after[c] for c in REMOTE_GRAPH_LOOKUPS} == {
+        c: before[c] for c in REMOTE_GRAPH_LOOKUPS
+    }
+    assert after["fx_remote_compiles"] == before["fx_remote_compiles"]
+    assert after["profile_saves"] == 2  # nothing new to merge

@@ -14,10 +14,11 @@ of five caches that change between torch releases; Inductor's own format travels
 - the script the process runs (its file name and the sha256 of its content: a model defined
   in the script that changes is another job) and its arguments, less those naming a file or
   directory (an output dir or a checkpoint differs from run to run, the model does not);
-- ``WORLD_SIZE`` and ``RANK`` (a world size is another DDP split): one profile per rank. The
-  entries in it are mostly one per graph for every GPU index now (``index_free``), so one
-  profile could serve every rank, but two ranks' blobs are not merged yet: under one id the
-  last rank to exit would replace the others' entries;
+- ``WORLD_SIZE`` (another world size is another DDP split), but not the rank: one profile
+  per job, merged over its ranks (:func:`merge`). Cache entries are one per graph for every
+  GPU index (``index_free``), so what rank 0 compiled serves rank 1; where ranks compile
+  different graphs (pipeline stages, or a subgraph keyed per rank), each finds its own in the
+  merged profile;
 - the torch version.
 
 No host, path or time: equal on every machine and run of the same job. ``COMPILEQ_JOB_ID``
@@ -43,7 +44,8 @@ uses them. ``python -m bench.precompile`` reproduces all of it (docs/BENCHMARKS.
 before ``import torch`` (:func:`prefetch`), on a daemon thread that waits on the socket without
 the GIL. The first compile (Dynamo's call into Inductor's ``compile_fx``) waits for it, at most
 :data:`_WAIT_S`, and loads it. At exit, a process that compiled anything, or found no
-profile to load, saves its own, replacing the previous one. A missing, late, tampered, truncated or oversized profile is
+profile to load, merges what it compiled or loaded into the job's profile (under a lease on
+it, so that ranks exiting together keep each other's artifacts). A missing, late, tampered, truncated or oversized profile is
 counted and ignored: the job compiles as without it.
 """
 
@@ -129,7 +131,6 @@ def job_id(argv: list[str] | None = None) -> str:
         "script_sha256": content,
         "args": [a for a in argv[1:] if not _names_a_path(a)],
         "world_size": os.environ.get("WORLD_SIZE", "1"),
-        "rank": os.environ.get("RANK", "0"),
         "torch": _torch_version(),
     }
     return hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
@@ -235,7 +236,7 @@ def load() -> str:
 
 
 def _save_at_exit() -> None:
-    """Replace the job's profile with this process's, if it compiled anything."""
+    """Merge this process's artifacts into the job's profile, if it compiled anything."""
     from compileq.cache.counters import Counter
 
     store = _store
@@ -254,7 +255,51 @@ def _save_at_exit() -> None:
         saved = torch.compiler.save_cache_artifacts()
         if saved is None:
             return
-        store.replace(profile_key(_fetch.job if _fetch else job_id()), saved[0])
+        _merge_into(store, profile_key(_fetch.job if _fetch else job_id()), saved[0])
         store.count({Counter.PROFILE_SAVES: 1})
     except Exception as e:  # EntryTooLarge, Redis gone at exit: the job's result stands
         warn_once("profile-save", "compileq: job profile not saved (%s)", e)
+
+
+def _merge_into(store: Any, name: str, ours: bytes) -> None:
+    """Write ``ours`` into the profile ``name`` with what other processes of the job put there
+    (its other ranks, or pipeline stages that compile other graphs), under a lease so that
+    ranks exiting together do not drop each other's artifacts. Without the lease in time, or
+    with a stored profile this torch cannot read, ours is merged with what is read, or alone."""
+    from compileq.scheduler.leases import Leases
+
+    leases = Leases(store.client)
+    deadline = time.monotonic() + _WAIT_S
+    while not (held := leases.acquire(name)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        current = store.get_many([name])[0]
+        merged = merge(current.payload(), ours) if current is not None else None
+        store.replace(name, merged if merged is not None else ours)
+    finally:
+        if held:
+            leases.release(name)
+
+
+def merge(theirs: bytes, ours: bytes) -> bytes | None:
+    """Two Mega-Cache blobs as one: every artifact of both, each (kind, key, content) once, in
+    torch's own format; None if torch cannot read one of them."""
+    try:
+        from torch.compiler._cache import CacheArtifactManager, _serialize_single_cache
+        from torch.utils._appending_byte_serializer import AppendingByteSerializer
+
+        parts = [CacheArtifactManager.deserialize(blob) for blob in (theirs, ours)]
+        if any(part is None for part in parts):
+            return None
+        kinds: dict[str, dict[tuple[str, bytes], Any]] = {}
+        for part in parts:
+            for kind, artifacts in (part or {}).items():
+                same = kinds.setdefault(kind, {})
+                for artifact in artifacts:
+                    same[(artifact.key, artifact.content)] = artifact
+        serializer = AppendingByteSerializer(serialize_fn=_serialize_single_cache)
+        serializer.extend((kind, list(same.values())) for kind, same in kinds.items())
+        return bytes(serializer.to_bytes())
+    except Exception as e:  # another torch's layout: this process's profile alone is saved
+        log.debug("compileq: profiles not merged: %s", e)
+        return None
