@@ -67,6 +67,8 @@ from compileq.scheduler import import_hooks
 PROFILE = "profile"
 #: The longest the first compile waits for a fetch still under way; then it goes on without.
 _WAIT_S = 10.0
+#: The life of the lease a process holds while it merges its artifacts into the profile.
+_MERGE_LEASE_MS = 30_000
 
 _fetch: _Fetch | None = None
 _store: Any = None
@@ -266,11 +268,16 @@ def _merge_into(store: Any, name: str, ours: bytes) -> None:
     (its other ranks, or pipeline stages that compile other graphs), under a lease so that
     ranks exiting together do not drop each other's artifacts. Without the lease in time, or
     with a stored profile this torch cannot read, ours is merged with what is read, or alone."""
-    from compileq.scheduler.leases import Leases
+    from compileq.scheduler import leases
 
-    leases = Leases(store.client)
+    # The lease functions, not the Leases class: its refresh thread cannot start at exit
+    # (Python 3.12 refuses new threads at interpreter shutdown); a merge takes well under
+    # the lease's life.
+    owner = leases.new_owner()
     deadline = time.monotonic() + _WAIT_S
-    while not (held := leases.acquire(name)) and time.monotonic() < deadline:
+    while not (held := leases.take_many(store.client, [name], owner, _MERGE_LEASE_MS)[0]):
+        if time.monotonic() >= deadline:
+            break
         time.sleep(0.05)
     try:
         current = store.get_many([name])[0]
@@ -278,7 +285,7 @@ def _merge_into(store: Any, name: str, ours: bytes) -> None:
         store.replace(name, merged if merged is not None else ours)
     finally:
         if held:
-            leases.release(name)
+            leases.release(store.client, name, owner)
 
 
 def merge(theirs: bytes, ours: bytes) -> bytes | None:
