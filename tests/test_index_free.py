@@ -5,6 +5,7 @@ redis-server). Loading and running such entries on another index is tested on tw
 
 from __future__ import annotations
 
+import gc
 import json
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -160,3 +161,34 @@ def test_a_subgraph_record_under_a_marked_key_is_stored_for_cuda_0_and_read_for_
         assert unmoved is not None and unmoved[0]["device"] == "cuda:1"
     finally:
         ddp_aot.disable()
+
+
+def test_storing_a_graph_for_cuda_0_leaves_the_graph_that_runs_on_cuda_1_whole(
+    hooked: None,
+) -> None:
+    from torch._inductor.output_code import CompiledFxGraph
+    from torch.utils._ordered_set import OrderedSet
+
+    class Runner:  # what Inductor's output code defines (graph partitions)
+        def __init__(self) -> None:
+            self.partitions = [print]
+
+    code = "with torch.cuda._DeviceGuard(1):\n    stream1 = get_raw_stream(1)\n"
+    graph = object.__new__(CompiledFxGraph)  # as compiled: only what the save reads
+    graph.__dict__.update(
+        source_code=code,
+        cache_key="k",
+        device_idxs=OrderedSet([1]),
+        compiled_fn_runner=Runner(),
+        guards_expr=None,
+    )
+    stored: list[str] = []
+    save = index_free._save_graph(lambda key, g, inputs, *rest: stored.append(g.source_code))
+    with MODE:
+        inputs = [torch.empty(2, device="cuda:1")]
+    save("fgraph" + index_free.SUFFIX, graph, inputs, True, None)
+    gc.collect()
+    assert stored == ["with torch.cuda._DeviceGuard(0):\n    stream0 = get_raw_stream(0)\n"]
+    assert graph.source_code == code and graph.device_idxs == OrderedSet([1])
+    # The copy stored was freed: the runner the graph calls keeps its partitions.
+    assert graph.compiled_fn_runner.partitions == [print]

@@ -261,6 +261,9 @@ def _save_graph(original: Callable[..., Any]) -> Callable[..., Any]:
         stored = copy.copy(compiled_graph)
         # A graph loaded here carries the index it was moved to; an entry must not.
         stored.__dict__.pop(_MOVED, None)
+        # Not the copy's to run: CompiledFxGraph.__del__ deletes its runner's partitions,
+        # and the runner is the running graph's too (the save serializes without it).
+        stored.compiled_fn_runner = None
         device_index.move_graph(stored, index, 0)
         try:
             return original(key, stored, example_inputs, *args)
