@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import gc
 import json
+import pickle
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -164,10 +166,12 @@ def test_a_subgraph_record_under_a_marked_key_is_stored_for_cuda_0_and_read_for_
 
 
 def test_storing_a_graph_for_cuda_0_leaves_the_graph_that_runs_on_cuda_1_whole(
-    hooked: None,
+    hooked: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from torch._inductor.output_code import CompiledFxGraph
     from torch.utils._ordered_set import OrderedSet
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
 
     class Runner:  # what Inductor's output code defines (graph partitions)
         def __init__(self) -> None:
@@ -182,12 +186,15 @@ def test_storing_a_graph_for_cuda_0_leaves_the_graph_that_runs_on_cuda_1_whole(
         compiled_fn_runner=Runner(),
         guards_expr=None,
     )
-    stored: list[str] = []
-    save = index_free._save_graph(lambda key, g, inputs, *rest: stored.append(g.source_code))
+    key = "fgraph" + index_free.SUFFIX
     with MODE:
         inputs = [torch.empty(2, device="cuda:1")]
-    save("fgraph" + index_free.SUFFIX, graph, inputs, True, None)
+    # Inductor's own save, on its local cache dir (no remote cache).
+    with torch._guards.tracing(torch._guards.TracingContext(MODE)):
+        codecache.FxGraphCache._save_graph(key, graph, inputs, True, None)
     gc.collect()
+    entries = list(Path(codecache.FxGraphCache._get_tmp_dir_for_key(key)).iterdir())
+    stored = [pickle.loads(entry.read_bytes()).source_code for entry in entries]
     assert stored == ["with torch.cuda._DeviceGuard(0):\n    stream0 = get_raw_stream(0)\n"]
     assert graph.source_code == code and graph.device_idxs == OrderedSet([1])
     # The copy stored was freed: the runner the graph calls keeps its partitions.

@@ -42,7 +42,7 @@ from typing import Any
 from compileq import keys
 from compileq._log import log, warn_once
 from compileq.cache.counters import Counter
-from compileq.scheduler import import_hooks, index_free
+from compileq.scheduler import index_free
 from compileq.scheduler.patches import Patches
 
 KIND = "aotddp"
@@ -76,17 +76,12 @@ class _Subgraph:
 def enable(store: Any) -> None:
     global _store
     _store = store
-    hook()
+    _patches.enable({_CACHE: _patch_cache, _WRAPPERS: _patch_wrappers})
 
 
 def hook() -> None:
-    """Wrap AOTAutograd's functions, now or once imported; nothing unless enabled. Like
-    graph_cache.hook_compile_fx: called again by install()'s second call, for ``compileq
-    run``, which installs while torch may still be loading AOTAutograd (``_patch_cache``
-    then finds the class not yet defined)."""
-    if _store is not None:
-        import_hooks.after_import(_CACHE, _patch_cache)
-        import_hooks.after_import(_WRAPPERS, _patch_wrappers)
+    """Wrap AOTAutograd's functions again if enabled (install()'s second call)."""
+    _patches.hook()
 
 
 def disable() -> None:
@@ -292,15 +287,11 @@ def _record(aot_config: Any, fakes: list[Any]) -> None:
     described = _describe(fakes)
     if described is not None and index_free.marked(key):
         # Stored for cuda:0, as the key was computed (see index_free); loaded for any index.
-        cuda = {
-            item["device"]
-            for item in described
-            if isinstance(item, dict) and item["device"].startswith("cuda")
-        }
-        if len(cuda) > 1 or not all(d.removeprefix("cuda:").isdigit() for d in cuda):
+        found = index_free.cuda_indices(fakes)
+        if len(found) > 1 or None in found:
             return
-        if cuda:
-            described = _moved(described, int(cuda.pop().removeprefix("cuda:")), 0)
+        if found:
+            described = _moved(described, found.pop() or 0, 0)
     if described is not None and _store.put(_record_key(key), json.dumps(described).encode()):
         _count(Counter.DDP_SUBGRAPH_RECORDS)
 

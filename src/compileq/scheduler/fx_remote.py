@@ -38,6 +38,7 @@ from compileq.scheduler import import_hooks, leases
 from compileq.scheduler.client import KernelClient
 from compileq.tasks import events
 from compileq.tasks.app import COMPILE_FX
+from compileq.tasks.device_index import tensor_devices
 from compileq.tasks.fx_jobs import CODEGEN_ENV, CodegenState, FxJob
 from compileq.tasks.queues import fx_queue
 
@@ -149,15 +150,7 @@ def graph_devices(gm: Any, example_inputs: Sequence[Any]) -> tuple[Target | None
     """
     import torch
 
-    devices: set[torch.device] = set()
-    values = list(example_inputs)
-    for module in gm.modules():
-        if isinstance(module, torch.fx.GraphModule):
-            values.extend(node.meta.get("val") for node in module.graph.nodes)
-    for value in values:
-        for item in value if isinstance(value, (list, tuple)) else (value,):
-            if isinstance(item, torch.Tensor):
-                devices.add(item.device)
+    devices = tensor_devices(gm, example_inputs)
     gpus = {d for d in devices if d.type != "cpu"}
     cpu = any(d.type == "cpu" for d in devices)
     if not gpus:

@@ -10,7 +10,8 @@ for every index (``tasks/device_index.py``); here the entries follow:
   the key gets :data:`SUFFIX`. Only graphs on one CUDA device that an example input is on
   (:func:`graph_index`), where the output code's index is in places compileq rewrites.
 * **Stored for cuda:0.** An FX entry under a marked key is stored with its code rewritten for
-  ``cuda:0`` (``_save_graph``); an AOTAutograd entry under a marked key is stored only if
+  ``cuda:0``, on the copy Inductor's ``_save_graph`` serializes (``prepare_for_serialization``:
+  the graph that runs here is never touched); an AOTAutograd entry under a marked key is stored only if
   every FX key it names is marked too (else a rank would load code for another GPU).
 * **Loaded for cuda:k.** An FX entry found under a marked key has its code rewritten for the
   example inputs' GPU before Inductor writes and loads it (``cache_hit_post_compile``);
@@ -26,23 +27,20 @@ entry per index still, and a miss to pay per index).
 from __future__ import annotations
 
 import contextvars
-import copy
 import functools
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from compileq._log import log
-from compileq.scheduler import import_hooks
 from compileq.scheduler.patches import Patches
 from compileq.tasks import device_index
 
 #: Ends every FX-graph and AOTAutograd key computed as for ``cuda:0``.
 SUFFIX = "-cuda0"
-#: Set on a graph loaded under a marked key by ``cache_hit_post_compile``: the index its code
-#: was moved to.
-_MOVED = "_compileq_moved_to"
 
 _CODECACHE = "torch._inductor.codecache"
+_OUTPUT_CODE = "torch._inductor.output_code"
 _AOT_CACHE = "torch._functorch._aot_autograd.autograd_cache"
 _HOOKS = (
     "torch._inductor.codecache.compiled_fx_graph_hash",
@@ -50,46 +48,59 @@ _HOOKS = (
     "FxGraphCache._save_graph",
     "FxGraphCache._lookup_graph",
     "FxGraphCache.cache_hit_post_compile",
+    "CompiledFxGraph.prepare_for_serialization",
     "torch._functorch._aot_autograd.autograd_cache.autograd_cache_key",
     "AOTAutogradCache.save",
 )
 
 _patches = Patches("cache entries stay one per GPU index")
-_enabled = False
+
+
+@dataclass
+class _Load:
+    index: int
+    #: Set by ``cache_hit_post_compile`` once the found graph's code is moved to ``index``.
+    moved: bool = False
+
+
 #: The index of the graph whose key is being computed (set around the two key functions).
 _keying: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "compileq_keying", default=None
 )
-#: The index of the graph whose FX entry is being looked up.
-_loading: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+#: The index of the graph whose FX entry is being stored (set around ``_save_graph``).
+_storing: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "compileq_storing", default=None
+)
+#: The FX entry being looked up under a marked key (set around ``_lookup_graph``).
+_loading: contextvars.ContextVar[_Load | None] = contextvars.ContextVar(
     "compileq_loading", default=None
 )
 
 
 def enable() -> None:
-    global _enabled
-    _enabled = True
-    hook()
+    _patches.enable(
+        {
+            _CODECACHE: _patch_codecache,
+            _OUTPUT_CODE: _patch_output_code,
+            _AOT_CACHE: _patch_aot_cache,
+        }
+    )
 
 
 def hook() -> None:
-    """Wrap Inductor's and AOTAutograd's functions, now or once imported; nothing unless
-    enabled. Called again by install()'s second call, as ``ddp_aot.hook``."""
-    if _enabled:
-        import_hooks.after_import(_CODECACHE, _patch_codecache)
-        import_hooks.after_import(_AOT_CACHE, _patch_aot_cache)
+    """Wrap Inductor's and AOTAutograd's functions again if enabled (install()'s second
+    call, as ``ddp_aot.hook``)."""
+    _patches.hook()
 
 
 def disable() -> None:
-    global _enabled
     _patches.undo()
-    _enabled = False
 
 
 def active() -> bool:
     """Whether keys are marked (every hook in place: a marked key with an entry stored for
     its own index would be as wrong as none)."""
-    return _enabled and _patches.all_of(_HOOKS)
+    return _patches.enabled and _patches.all_of(_HOOKS)
 
 
 def marked(key: str | None) -> bool:
@@ -99,17 +110,21 @@ def marked(key: str | None) -> bool:
 # -- which graphs ------------------------------------------------------------------------------
 
 
-def inputs_index(example_inputs: Sequence[Any]) -> int | None:
-    """The one CUDA index of the example inputs' tensors; None for none, or for several."""
+def cuda_indices(values: Sequence[Any]) -> set[int | None]:
+    """The CUDA indices of the tensors among ``values``."""
     import torch
 
-    found: set[int | None] = set()
-    for value in example_inputs:
-        if isinstance(value, torch.Tensor) and value.device.type == "cuda":
-            found.add(value.device.index)
-    if len(found) != 1:
-        return None
-    return next(iter(found))
+    return {
+        value.device.index
+        for value in values
+        if isinstance(value, torch.Tensor) and value.device.type == "cuda"
+    }
+
+
+def inputs_index(example_inputs: Sequence[Any]) -> int | None:
+    """The one CUDA index of the example inputs' tensors; None for none, or for several."""
+    found = cuda_indices(example_inputs)
+    return next(iter(found)) if len(found) == 1 else None
 
 
 def graph_index(gm: Any, example_inputs: Sequence[Any]) -> int | None:
@@ -126,18 +141,12 @@ def graph_index(gm: Any, example_inputs: Sequence[Any]) -> int | None:
     if config.cpp_wrapper or getattr(config, "wrap_inductor_compiled_regions", False):
         return None
     graph_module = _graph_module(gm)
-    if graph_module is None:
+    if graph_module is None or _calls_user_triton(graph_module):
         return None
-    for module in graph_module.modules():
-        if not isinstance(module, torch.fx.GraphModule):
-            continue
-        for node in module.graph.nodes:
-            if "triton_kernel_wrapper" in str(node.target):
-                return None
-            for name in ("val", "example_value"):
-                if not _on(node.meta.get(name), index):
-                    return None
-    return index
+    meta = ("val", "example_value")
+    devices = device_index.tensor_devices(graph_module, example_inputs, meta)
+    gpus = {device for device in devices if device.type != "cpu"}
+    return index if gpus == {torch.device("cuda", index)} else None
 
 
 def _graph_module(gm: Any) -> Any:
@@ -149,17 +158,15 @@ def _graph_module(gm: Any) -> Any:
     return gm if isinstance(gm, torch.fx.GraphModule) else None
 
 
-def _on(value: Any, index: int) -> bool:
-    """Whether every tensor in ``value`` is on the CPU or on ``cuda:index``."""
+def _calls_user_triton(graph_module: Any) -> bool:
     import torch
 
-    items = value if isinstance(value, (list, tuple)) else (value,)
-    for item in items:
-        if isinstance(item, torch.Tensor):
-            device = item.device
-            if device.type != "cpu" and (device.type != "cuda" or device.index != index):
-                return False
-    return True
+    return any(
+        "triton_kernel_wrapper" in str(node.target)
+        for module in graph_module.modules()
+        if isinstance(module, torch.fx.GraphModule)
+        for node in module.graph.nodes
+    )
 
 
 # -- keys --------------------------------------------------------------------------------------
@@ -258,23 +265,29 @@ def _save_graph(original: Callable[..., Any]) -> Callable[..., Any]:
         index = inputs_index(example_inputs)
         if index is None:
             return None  # not the graph the key was computed for: nothing stored
-        stored = copy.copy(compiled_graph)
-        # A graph loaded here carries the index it was moved to; an entry must not.
-        stored.__dict__.pop(_MOVED, None)
-        # Not the copy's to run: CompiledFxGraph.__del__ deletes its runner's partitions,
-        # and the runner is the running graph's too (the save serializes without it).
-        stored.compiled_fn_runner = None
-        device_index.move_graph(stored, index, 0)
+        # Moved for cuda:0 on the copy Inductor's save serializes (``_for_storage``), never
+        # on the graph that runs here.
+        token = _storing.set(index)
         try:
-            return original(key, stored, example_inputs, *args)
+            return original(key, compiled_graph, example_inputs, *args)
         finally:
-            # Set by the save on the object it is given, read later from this one
-            # (AOTAutograd keeps the guards with the FX key it stores).
-            for name in ("guards_expr", "extern_libs_key"):
-                if hasattr(stored, name):
-                    setattr(compiled_graph, name, getattr(stored, name))
+            _storing.reset(token)
 
     return save_graph
+
+
+def _for_storage(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``CompiledFxGraph.prepare_for_serialization``, which every torch's ``_save_graph``
+    calls on its own copy of the graph: within a marked save, that copy is moved to cuda:0."""
+
+    @functools.wraps(original)
+    def prepare_for_serialization(self: Any) -> None:
+        original(self)
+        index = _storing.get()
+        if index:
+            device_index.move_graph(self, index, 0)
+
+    return prepare_for_serialization
 
 
 def _lookup_graph(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -285,12 +298,13 @@ def _lookup_graph(original: Callable[..., Any]) -> Callable[..., Any]:
         if index is None:
             log.debug("compileq: FX entry %s found for no one GPU; compiling", key)
             return None, {}
-        token = _loading.set(index)
+        load = _Load(index)
+        token = _loading.set(load)
         try:
             graph, info = original(key, example_inputs, *args, **kwargs)
         finally:
             _loading.reset(token)
-        if graph is not None and getattr(graph, _MOVED, 0) != index:
+        if graph is not None and not load.moved:
             # Loaded without passing the hook below (another torch's call order): its code
             # may be for another GPU, so it is not run.
             log.debug("compileq: FX entry %s not moved to cuda:%d; compiling", key, index)
@@ -302,10 +316,10 @@ def _lookup_graph(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _hit_post_compile(original: Callable[..., Any]) -> Callable[..., Any]:
     def cache_hit_post_compile(graph: Any, *args: Any, **kwargs: Any) -> Any:
-        index = _loading.get()
-        if index is not None:
-            device_index.move_graph(graph, 0, index)
-            setattr(graph, _MOVED, index)
+        load = _loading.get()
+        if load is not None:
+            device_index.move_graph(graph, 0, load.index)
+            load.moved = True
         return original(graph, *args, **kwargs)
 
     return cache_hit_post_compile
@@ -353,6 +367,12 @@ def _patch_codecache(module: Any) -> None:
     _patches.wrap_static(cache, "_save_graph", _save_graph)
     _patches.wrap_static(cache, "_lookup_graph", _lookup_graph)
     _patches.wrap_static(cache, "cache_hit_post_compile", _hit_post_compile)
+
+
+def _patch_output_code(module: Any) -> None:
+    graph = getattr(module, "CompiledFxGraph", None)
+    if graph is not None:
+        _patches.wrap(graph, "prepare_for_serialization", _for_storage)
 
 
 def _patch_aot_cache(module: Any) -> None:

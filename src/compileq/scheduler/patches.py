@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from compileq._log import log
+from compileq.scheduler import import_hooks
 
 
 class Patches:
@@ -16,6 +17,24 @@ class Patches:
         #: uncached").
         self.without = without
         self._originals: dict[str, tuple[Any, str, Any]] = {}
+        #: Module name -> the function that wraps what it needs there (set by ``enable``).
+        self._on_import: dict[str, Callable[[Any], None]] = {}
+
+    def enable(self, on_import: dict[str, Callable[[Any], None]]) -> None:
+        """Wrap, in each module named, what its function wraps: now, or once imported."""
+        self._on_import = on_import
+        self.hook()
+
+    def hook(self) -> None:
+        """``enable``'s wrapping again, nothing unless enabled: for install()'s second call
+        under ``compileq run``, which installs while torch may still be loading a module
+        (its function then finds what it wraps not yet defined, and returns)."""
+        for module, wrap_there in self._on_import.items():
+            import_hooks.after_import(module, wrap_there)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._on_import)
 
     def wrap(self, owner: Any, name: str, make: Callable[[Any], Any]) -> None:
         """Replace ``owner.name`` with ``make(original)``, once; nothing if torch lacks it.
@@ -47,6 +66,8 @@ class Patches:
         return set(idents) <= set(self._originals)
 
     def undo(self) -> None:
+        """Put every original back; ``hook`` does nothing until enabled again."""
         for owner, name, original in self._originals.values():
             setattr(owner, name, original)
         self._originals.clear()
+        self._on_import = {}

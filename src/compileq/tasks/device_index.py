@@ -24,6 +24,7 @@ job and its own kernels: eight codegens of one graph on an eight-GPU node.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 #: Where Inductor's Python wrapper and kernel sources write a CUDA device index (torch 2.11 to
@@ -38,6 +39,27 @@ _CODE = re.compile(
     r"|['\"\]]cuda:|\bdevice: cuda:)(?P<index>\d+)\b"
 )
 _KERNEL = re.compile(r"(?P<pre>DeviceProperties\(type='cuda', index=)(?P<index>\d+)\b")
+
+
+def tensor_devices(
+    gm: Any, example_inputs: Sequence[Any], meta: tuple[str, ...] = ("val",)
+) -> set[Any]:
+    """The devices of a graph's tensors: its example inputs', and each node's value (under the
+    ``meta`` keys: Inductor's graphs keep it as ``val``, Dynamo's as ``example_value``) in
+    every graph module of ``gm``. A graph that makes GPU tensors from CPU inputs has them."""
+    import torch
+
+    values = list(example_inputs)
+    for module in gm.modules():
+        if isinstance(module, torch.fx.GraphModule):
+            for node in module.graph.nodes:
+                values.extend(node.meta.get(key) for key in meta)
+    devices = set()
+    for value in values:
+        for item in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(item, torch.Tensor):
+                devices.add(item.device)
+    return devices
 
 
 def kernel_index(source: str) -> int | None:
