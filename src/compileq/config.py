@@ -179,6 +179,11 @@ class Settings(BaseSettings):
         description="With graph_cache: key Inductor's FX-graph and AOTAutograd entries as for "
         "cuda:0, so every GPU index shares one entry per graph (see scheduler/index_free.py).",
     )
+    gc_window: bool = Field(
+        True,
+        description="Keep Python's full garbage collections off the objects that exist before "
+        "each compile, for the compile's length (see scheduler/gc_window.py).",
+    )
     speculate: bool = Field(
         True,
         description="With fx: send a training graph's backward to the workers when AOTAutograd "

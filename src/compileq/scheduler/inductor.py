@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -60,3 +61,35 @@ def inductor_extra_config() -> dict[str, Any]:
     from torch._inductor import config
 
     return {"use_static_triton_launcher": config.use_static_triton_launcher}
+
+
+def relocate_to_this_machine(kernel: Any) -> None:
+    """Point a ``CachingAutotuner`` built elsewhere at this machine's Inductor cache dir.
+
+    A kernel built on a worker names the worker's files: its ``filename`` (the source the
+    worker loaded) and the local autotune cache its ``save_cache_hook`` writes the winning
+    config to (``<worker cache dir>/<xx>/<hash>.best_config``). Left so, this process would
+    write its autotuning results under the worker's directory layout, on this machine: outside
+    its own cache dir (a job that cannot create that path would fail its first run), where
+    its next run never looks. Both are rewritten to the same two last parts under this
+    process's ``cache_dir()``: the file names hash only the (index-free) source, so this is
+    the path Inductor would have used here, and the key Inductor's Mega-Cache records for it.
+
+    The remote autotune key is left as it is: it hashes the source file's name only, and the
+    source was normalised to ``cuda:0`` (``tasks/device_index.py``), so every GPU index of every
+    node reads and writes one entry per kernel.
+    """
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    here = cache_dir()
+
+    def moved(path: str) -> str:
+        return os.path.join(here, *path.split(os.sep)[-2:])
+
+    filename = getattr(kernel, "filename", None)
+    if isinstance(filename, str) and os.sep in filename:
+        kernel.filename = moved(filename)
+    cache: Any = getattr(getattr(kernel, "save_cache_hook", None), "__self__", None)
+    local = getattr(cache, "local_cache", None)
+    if isinstance(local, tuple) and len(local) == 2 and isinstance(local[1], str):
+        cache.local_cache = (local[0], moved(local[1]))

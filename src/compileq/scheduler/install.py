@@ -125,6 +125,10 @@ def install(
                 from compileq.scheduler import index_free
 
                 index_free.enable()
+        if settings.gc_window and on_worker is None:
+            from compileq.scheduler import gc_window
+
+            gc_window.enable()
         if settings.profiles and on_worker is None:
             from compileq.scheduler import profiles
 
@@ -152,8 +156,9 @@ def uninstall() -> None:
         from torch._inductor.async_compile import AsyncCompile
 
         AsyncCompile.process_pool = _installed.original  # type: ignore[method-assign]
-        from compileq.scheduler import cpp_cache, ddp_aot, graph_cache, index_free
+        from compileq.scheduler import cpp_cache, ddp_aot, gc_window, graph_cache, index_free
 
+        gc_window.disable()
         ddp_aot.disable()
         index_free.disable()
         fx_remote.disable()

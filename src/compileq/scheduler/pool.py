@@ -11,7 +11,7 @@ from typing import Any
 
 from compileq.scheduler import boundary
 from compileq.scheduler.client import Built, KernelClient
-from compileq.scheduler.inductor import recognise
+from compileq.scheduler.inductor import recognise, relocate_to_this_machine
 from compileq.tasks import device_index
 
 
@@ -61,6 +61,7 @@ class CompileqPool:
 def _unpickle(index: int | None, built: Built) -> Any:
     # Safe to unpickle: the payload passed the HMAC check in the store (or was built here).
     result = pickle.loads(built.payload)
+    relocate_to_this_machine(result[0])
     if index:
         device_index.retarget_kernel(result[0], index)
     return result
