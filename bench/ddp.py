@@ -20,6 +20,8 @@ Each repetition runs, in fresh process trees:
   wiped (a cold cluster), backwards sent when AOTAutograd partitions their graphs;
 * ``compileq_new``: ``compileq run`` again on empty local dirs (every entry looked up in
   compileq's store as Inductor asks for it);
+* ``compileq_new_no_gc_window``: the same with ``COMPILEQ_GC_WINDOW=0`` (Python's full
+  collections walk every object during the compiles, as in stock: scheduler/gc_window.py);
 * ``compileq_profile_fill`` then ``compileq_new_profile``: the same with job profiles on
   (``COMPILEQ_PROFILES=1``, opt-in: scheduler/profiles.py); the first saves each rank's
   profile at exit, the second loads it while Python imports.
@@ -63,6 +65,7 @@ PLAN = (
     ("compileq_cold_lazy", "compileq-lazy", "cold"),
     ("compileq_cold", "compileq", "cold"),
     ("compileq_new", "compileq", None),
+    ("compileq_new_no_gc_window", "compileq-no-gc-window", None),
     ("compileq_profile_fill", "compileq-profile", None),
     ("compileq_new_profile", "compileq-profile", None),
 )
@@ -97,6 +100,7 @@ def run_job(
         argv = [sys.executable, "-m", "compileq.cli", "run", "--", *argv]
         env["COMPILEQ_SPECULATE"] = "0" if mode == "compileq-lazy" else "1"
         env["COMPILEQ_PROFILES"] = "1" if mode == "compileq-profile" else "0"  # opt-in
+        env["COMPILEQ_GC_WINDOW"] = "0" if mode == "compileq-no-gc-window" else "1"
     elif mode == "stock-remote":
         env.update(cluster.stock_remote_env())
     before = cluster.stats()

@@ -24,12 +24,13 @@ class Cycle:
 @pytest.fixture
 def window() -> Iterator[None]:
     torch._dynamo.reset()
-    assert gc.get_freeze_count() == 0  # nothing of the test session is frozen
+    gc.freeze()  # as CPython 3.12 starts: objects frozen before compileq is installed
     assert gc_window.enable()
     try:
         yield
     finally:
         gc_window.disable()
+        gc.unfreeze()  # what the fixture froze, where no window thawed it
         torch._dynamo.reset()
 
 
@@ -77,7 +78,9 @@ def test_an_object_that_becomes_garbage_during_a_compile_is_collected_after_it(
     assert gone() is None  # and nothing outlives it: thawed, then collected
 
 
-def test_a_process_that_froze_its_own_objects_is_left_alone(window: None) -> None:
+def test_a_process_that_froze_objects_after_install_is_left_alone(window: None) -> None:
+    compile_with(lambda gm, inputs: gm.forward)(torch.ones(3))  # a first window thaws all
+    assert gc.get_freeze_count() == 0
     gc.freeze()  # as a program freezes before forking its data loaders
     try:
         frozen = gc.get_freeze_count()
@@ -87,7 +90,7 @@ def test_a_process_that_froze_its_own_objects_is_left_alone(window: None) -> Non
             during.append((gc.get_freeze_count(), gc_window.active()))
             return gm.forward
 
-        compile_with(backend)(torch.ones(3))
+        compile_with(backend)(torch.ones(3, 2))  # a new shape: compiled again
         # Frozen objects freed by reference counting leave the count; none joins it.
         ((count, opened),) = during
         assert count <= frozen and not opened
@@ -99,14 +102,16 @@ def test_a_process_that_froze_its_own_objects_is_left_alone(window: None) -> Non
 def test_disable_removes_the_window(window: None) -> None:
     gc_window.disable()
     assert gc_window._start not in callback_handler.start_callbacks
-    during: list[int] = []
+    during: list[bool] = []
 
     def backend(gm: torch.fx.GraphModule, inputs: list[torch.Tensor]) -> Any:
-        during.append(gc.get_freeze_count())
+        during.append(gc_window.active())
         return gm.forward
 
+    frozen = gc.get_freeze_count()
     compile_with(backend)(torch.ones(3))
-    assert during == [0]
+    assert during == [False]
+    assert gc.get_freeze_count() > frozen // 2  # the fixture's freeze stands: nothing thawed
 
 
 def test_install_opens_the_window_for_inductors_forward_and_its_lazy_backward(
@@ -120,15 +125,17 @@ def test_install_opens_the_window_for_inductors_forward_and_its_lazy_backward(
 
     assert compileq.install(settings)
     callback_handler.register_start_callback(observe)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 2))
+    x = torch.randn(4, 8)
+    model(x).sum().backward()
+    grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    model.zero_grad()
     try:
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 2))
-        x = torch.randn(4, 8)
-        model(x).sum().backward()
-        grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
-        model.zero_grad()
-        out = torch.compile(model)(x)
-        out.sum().backward()  # the backward graph compiles here, lazily
+        # A cached graph would load its backward with its forward: this one must compile lazily.
+        with torch._inductor.config.patch(force_disable_caches=True):
+            out = torch.compile(model)(x)
+            out.sum().backward()  # the backward graph compiles here, lazily
         for p, g in zip(model.parameters(), grads, strict=True):
             torch.testing.assert_close(p.grad, g)
     finally:

@@ -99,6 +99,11 @@ def start_worker(
 ) -> subprocess.Popen[bytes]:
     """``compileq worker ARGS`` in its own process group; returns once it has a heartbeat."""
     out = log.open("wb") if log else subprocess.DEVNULL
+    client = redis_client(settings.redis_url, settings)  # a redis:// or sentinel:// URL
+    # Workers started earlier (another test's, a bench's) are not this one: waiting on any
+    # worker returned before this one's late queues had joined, and its ISA probes then ran
+    # (and counted C++ builds) in the middle of the caller's first job.
+    before = {info.get("id") for info in liveness.workers_info(client)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "compileq.cli", "worker", *args],
         env={**child_env(settings), **(env or {})},
@@ -106,11 +111,13 @@ def start_worker(
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    client = redis_client(settings.redis_url, settings)  # a redis:// or sentinel:// URL
     deadline = time.monotonic() + timeout_s
     # Every queue: a worker beats as soon as it takes kernel work, and says which queues are
     # still to join (workers.late_fx); callers here want the whole worker.
-    while not any(not info.get("pending") for info in liveness.workers_info(client)):
+    while True:
+        mine = [i for i in liveness.workers_info(client) if i.get("id") not in before]
+        if mine and not any(i.get("pending") for i in mine):
+            break
         if proc.poll() is not None or time.monotonic() > deadline:
             stop(proc)
             tail = log.read_text()[-3000:] if log else ""

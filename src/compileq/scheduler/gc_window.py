@@ -24,9 +24,11 @@ worker does before it forks, but in a training process a model deleted later wou
 be collected if it holds a cycle: GPU memory leaked); raising the thresholds (fewer full
 collections, each still walking everything).
 
-A process that froze objects itself (``gc.get_freeze_count() > 0`` at the start, as a
-worker or a program that freezes before forking its data loaders does) is left alone: thawing
-at the end would undo its own freeze.
+A process that froze objects itself after compileq was installed (a program that freezes
+before forking its data loaders) is left alone: thawing at the end would undo its freeze.
+What was frozen before (CPython 3.12 starts with 375 objects of its own in the permanent
+generation; 3.11 and 3.13 with none) is thawed with the first window, since ``gc.unfreeze()``
+has no partial form: those objects are then collected as any other.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ from compileq._log import log
 
 _lock = threading.Lock()
 _frozen = False  # whether the current window froze (and so must thaw)
+#: How many objects were frozen when the window was enabled, or after the last window thawed:
+#: a count above it at a compile's start means someone else froze objects since.
+_baseline = 0
 _registered: tuple[Any, Any, Any] | None = None  # (handler, start callback, end callback)
 
 
@@ -46,7 +51,7 @@ def _start(_: Any) -> None:
     global _frozen
     try:
         with _lock:
-            if not _frozen and gc.get_freeze_count() == 0:
+            if not _frozen and gc.get_freeze_count() <= _baseline:
                 gc.freeze()
                 _frozen = True
     except Exception:  # never fail a compile over a collector setting
@@ -54,12 +59,13 @@ def _start(_: Any) -> None:
 
 
 def _end(_: Any) -> None:
-    global _frozen
+    global _frozen, _baseline
     try:
         with _lock:
             if _frozen:
                 gc.unfreeze()
                 _frozen = False
+                _baseline = gc.get_freeze_count()
     except Exception:
         log.debug("compileq: gc window not closed", exc_info=True)
 
@@ -67,7 +73,7 @@ def _end(_: Any) -> None:
 def enable() -> bool:
     """Open a window at each outermost compile's start and close it at its end. Returns
     whether Dynamo's callbacks were found (torch 2.11 to 2.13 have them)."""
-    global _registered
+    global _registered, _baseline
     try:
         from torch._dynamo.callback import callback_handler
     except ImportError:
@@ -76,6 +82,7 @@ def enable() -> bool:
         return False
     with _lock:
         if _registered is None:
+            _baseline = gc.get_freeze_count()
             callback_handler.register_start_callback(_start)
             callback_handler.register_end_callback(_end)
             _registered = (callback_handler, _start, _end)
