@@ -104,3 +104,60 @@ def test_a_kernel_inductor_renumbered_keeps_its_key_and_its_body_does_not() -> N
     assert TritonJob(row["name"], body, job.extra_config).key(toolchain, target) != job.key(
         toolchain, target
     )
+
+
+#: Run in a fresh process: seed Inductor's keys from the memo (or not), then ask Inductor.
+_INDUCTOR_KEYS = """
+import json, sys
+from compileq import fingerprint
+seeded = fingerprint.seed_inductor_keys() if sys.argv[1] == "seed" else []
+from torch._inductor import codecache
+print(json.dumps({"seeded": seeded, "torch_key": codecache.torch_key().hex(),
+                  "triton_key": codecache.triton_key()}))
+"""
+
+
+def inductor_keys(xdg: Path, how: str) -> dict[str, object]:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XDG_CACHE_HOME": str(xdg)}
+    out = subprocess.run(
+        [sys.executable, "-c", _INDUCTOR_KEYS, how], env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def test_inductors_keys_are_seeded_from_the_memo_with_the_values_inductor_computes(
+    tmp_path: Path,
+) -> None:
+    from torch._inductor import codecache
+
+    if not hasattr(codecache.torch_key, "set"):
+        pytest.skip("this torch keeps torch_key in a cache without set()")
+    hashed = inductor_keys(tmp_path, "hash")  # Inductor hashing the files itself
+    first = inductor_keys(tmp_path, "seed")  # no memo yet: computed (by Inductor), memoised
+    second = inductor_keys(tmp_path, "seed")  # a later process: from the memo
+    assert first["seeded"] == []
+    assert second["seeded"] == ["torch_key", "triton_key"]
+    for got in (first, second):
+        assert (got["torch_key"], got["triton_key"]) == (hashed["torch_key"], hashed["triton_key"])
+
+
+def test_a_seeded_key_is_what_inductor_uses_and_a_stale_memo_is_not(tmp_path: Path) -> None:
+    from torch._inductor import codecache
+
+    if not hasattr(codecache.torch_key, "set"):
+        pytest.skip("this torch keeps torch_key in a cache without set()")
+    inductor_keys(tmp_path, "seed")  # memoised
+    memo_path = tmp_path / "compileq" / "toolchain.json"
+    memo = json.loads(memo_path.read_text())
+    real = memo["torch_key"]["value"]
+    memo["torch_key"]["value"] = "ab" * 32  # Inductor hashes nothing once seeded: it says this
+    memo_path.write_text(json.dumps(memo))
+    assert inductor_keys(tmp_path, "seed")["torch_key"] == "ab" * 32
+    memo["torch_key"] = {"signature": "a file of torch changed", "value": "ab" * 32}
+    memo_path.write_text(json.dumps(memo))
+    assert inductor_keys(tmp_path, "seed")["torch_key"] == real

@@ -206,17 +206,56 @@ def torch_identity() -> tuple[str, str]:
 
 
 @functools.cache
-def _triton_identity() -> tuple[str, str]:
+def _triton_key() -> str:
+    """Triton's own ``triton_key()`` (its version and a hash of its compiler, backends and
+    libtriton), memoised on disk: Inductor hashes those files in every process."""
     import triton
 
     def compute() -> str:
-        from torch._inductor.runtime.triton_compat import triton_key
+        # Inductor's cached one: computed here, this process's Inductor has it too.
+        from torch._inductor.codecache import triton_key
 
-        return hashlib.sha256(str(triton_key()).encode()).hexdigest()
+        return str(triton_key())
 
     root = os.path.dirname(triton.__file__)
-    signature = _stat_signature(root, (".py", ".so"))
-    return triton.__version__, _memoised("triton_key", signature, compute)
+    return _memoised("triton_key_raw", _stat_signature(root, (".py", ".so")), compute)
+
+
+@functools.cache
+def _triton_identity() -> tuple[str, str]:
+    import triton
+
+    return triton.__version__, hashlib.sha256(_triton_key().encode()).hexdigest()
+
+
+def seed_inductor_keys() -> list[str]:
+    """Hand Inductor this process's ``torch_key`` and ``triton_key`` from the on-disk memo.
+
+    Inductor computes both at a process's first compile, by hashing every source file of torch
+    and Triton and libtriton itself (0.5-0.8 s on the 2-core CPU machine, in the first step of
+    every process, warm caches or not, and in every worker pool process's first graph). torch
+    2.13 keeps them in a ``prefetchable_cache`` with ``set()`` for exactly this; on a torch
+    whose cache has no ``set`` nothing is seeded. Returns the names seeded.
+    """
+    from torch._inductor import codecache
+    from torch._inductor.runtime.triton_compat import HAS_TRITON
+
+    values: dict[str, Callable[[], object]] = {
+        "torch_key": lambda: bytes.fromhex(torch_identity()[1])
+    }
+    if HAS_TRITON:
+        values["triton_key"] = _triton_key
+    seeded = []
+    for name, value in values.items():
+        setter = getattr(getattr(codecache, name, None), "set", None)
+        if setter is None:
+            continue
+        try:
+            setter(value())
+        except RuntimeError:  # computed already in this process (or by the memo's compute)
+            continue
+        seeded.append(name)
+    return seeded
 
 
 def assembler_version(target: Target) -> str:

@@ -32,6 +32,14 @@ def preload(cpu_only: bool) -> None:
     import torch._inductor.compile_fx_ext
     import torch._inductor.runtime.triton_heuristics  # noqa: F401
 
+    from compileq.fingerprint import seed_inductor_keys
+
+    # Before the fork: every pool process's first graph would hash torch and Triton again.
+    try:
+        seed_inductor_keys()
+    except Exception:  # an unreadable memo only costs the hashing
+        log.debug("compileq worker: Inductor's keys not seeded", exc_info=True)
+
 
 def cpu_fx_toolchains(gpus: list[Target]) -> dict[str, FxToolchain]:
     """The FX targets naming this CPU's vector ISAs: CPU graphs, and each GPU's graphs with a
