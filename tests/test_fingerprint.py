@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from torch._inductor import codecache
 
 from compileq import fingerprint
 from compileq.errors import UnsupportedTarget
@@ -112,9 +113,13 @@ import json, sys
 from compileq import fingerprint
 seeded = fingerprint.seed_inductor_keys() if sys.argv[1] == "seed" else []
 from torch._inductor import codecache
+from torch._inductor.runtime import triton_compat
+triton_key = getattr(codecache, "triton_key", triton_compat.triton_key)  # 2.13, 2.11
 print(json.dumps({"seeded": seeded, "torch_key": codecache.torch_key().hex(),
-                  "triton_key": codecache.triton_key()}))
+                  "triton_key": triton_key()}))
 """
+#: What a torch's Inductor keeps in a cache that can be seeded (2.11: torch_key only).
+SEEDABLE = ["torch_key"] + (["triton_key"] if hasattr(codecache, "triton_key") else [])
 
 
 def inductor_keys(xdg: Path, how: str) -> dict[str, object]:
@@ -133,22 +138,18 @@ def inductor_keys(xdg: Path, how: str) -> dict[str, object]:
 def test_inductors_keys_are_seeded_from_the_memo_with_the_values_inductor_computes(
     tmp_path: Path,
 ) -> None:
-    from torch._inductor import codecache
-
     if not hasattr(codecache.torch_key, "set"):
         pytest.skip("this torch keeps torch_key in a cache without set()")
     hashed = inductor_keys(tmp_path, "hash")  # Inductor hashing the files itself
     first = inductor_keys(tmp_path, "seed")  # no memo yet: computed (by Inductor), memoised
     second = inductor_keys(tmp_path, "seed")  # a later process: from the memo
     assert first["seeded"] == []
-    assert second["seeded"] == ["torch_key", "triton_key"]
+    assert second["seeded"] == SEEDABLE
     for got in (first, second):
         assert (got["torch_key"], got["triton_key"]) == (hashed["torch_key"], hashed["triton_key"])
 
 
 def test_a_seeded_key_is_what_inductor_uses_and_a_stale_memo_is_not(tmp_path: Path) -> None:
-    from torch._inductor import codecache
-
     if not hasattr(codecache.torch_key, "set"):
         pytest.skip("this torch keeps torch_key in a cache without set()")
     inductor_keys(tmp_path, "seed")  # memoised

@@ -212,10 +212,12 @@ def _triton_key() -> str:
     import triton
 
     def compute() -> str:
-        # Inductor's cached one: computed here, this process's Inductor has it too.
-        from torch._inductor.codecache import triton_key
+        # Inductor's cached one where torch has it (2.13; computed here, this process's
+        # Inductor has it too), else Triton's own (2.11, which Inductor calls directly).
+        from torch._inductor import codecache
+        from torch._inductor.runtime import triton_compat
 
-        return str(triton_key())
+        return str(getattr(codecache, "triton_key", triton_compat.triton_key)())
 
     root = os.path.dirname(triton.__file__)
     return _memoised("triton_key_raw", _stat_signature(root, (".py", ".so")), compute)
@@ -235,7 +237,8 @@ def seed_inductor_keys() -> list[str]:
     and Triton and libtriton itself (0.5-0.8 s on the 2-core CPU machine, in the first step of
     every process, warm caches or not, and in every worker pool process's first graph). torch
     2.13 keeps them in a ``prefetchable_cache`` with ``set()`` for exactly this; on a torch
-    whose cache has no ``set`` nothing is seeded. Returns the names seeded.
+    whose cache has no ``set`` nothing is seeded (torch 2.11 has one for ``torch_key`` only:
+    Triton's ``triton_key`` is an ``lru_cache`` there). Returns the names seeded.
     """
     from torch._inductor import codecache
     from torch._inductor.runtime.triton_compat import HAS_TRITON
@@ -252,7 +255,9 @@ def seed_inductor_keys() -> list[str]:
             continue
         try:
             setter(value())
-        except RuntimeError:  # computed already in this process (or by the memo's compute)
+        # Computed already in this process (or by the memo's compute): 2.13 raises a
+        # RuntimeError, 2.11 asserts.
+        except (RuntimeError, AssertionError):
             continue
         seeded.append(name)
     return seeded
