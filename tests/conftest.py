@@ -93,6 +93,26 @@ def settings(env: Env) -> Settings:
     return Settings(redis_url=env.redis_url, secret=SECRET)
 
 
+@pytest.fixture
+def installed(settings: Settings) -> Iterator[Any]:
+    """compileq installed in this process (its ``CompileqPool``); uninstalled after, with
+    Inductor's own process pool put back."""
+    from torch._inductor.async_compile import AsyncCompile
+
+    import compileq
+    from compileq.scheduler import installed_pool
+
+    original = AsyncCompile.__dict__["process_pool"]
+    assert compileq.install(settings)
+    pool = installed_pool()
+    assert pool is not None
+    try:
+        yield pool
+    finally:
+        compileq.uninstall()
+        assert AsyncCompile.__dict__["process_pool"] is original
+
+
 def compileq_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "compileq.cli", *args]
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,9 +17,6 @@ from torch._inductor.runtime.cache_dir_utils import cache_dir
 from torch._inductor.runtime.compile_tasks import _worker_compile_triton
 from torch._inductor.runtime.triton_heuristics import check_autotune_cache
 
-import compileq
-from compileq.config import Settings
-from compileq.scheduler import installed_pool
 from compileq.scheduler.inductor import inductor_extra_config
 from compileq.scheduler.pool import CompileqPool
 from tests.conftest import FIXTURES, Worker, manifest_rows
@@ -37,14 +33,8 @@ SOURCE = (
 
 
 @pytest.fixture
-def pool(settings: Settings, worker: Worker, clean_cache: object) -> Iterator[CompileqPool]:
-    assert compileq.install(settings)
-    pool = installed_pool()
-    assert pool is not None
-    try:
-        yield pool
-    finally:
-        compileq.uninstall()
+def pool(installed: CompileqPool, worker: Worker, clean_cache: object) -> CompileqPool:
+    return installed
 
 
 def build(pool: CompileqPool, index: int) -> Any:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,26 +15,12 @@ from torch._inductor.runtime.compile_tasks import _worker_compile_triton
 import compileq
 from compileq.config import Settings
 from compileq.localstack import free_port
-from compileq.scheduler import installed_pool
 from compileq.scheduler.inductor import inductor_extra_config, recognise
 from compileq.scheduler.pool import CompileqPool
 from tests.conftest import FIXTURES, INDUCTOR_CLIENT, Env, client_json, manifest_rows
 
 ROW = manifest_rows(FIXTURES / "gpt_head.jsonl")[0]
 LOAD = functools.partial(_load_triton_kernel_from_source, ROW["name"], ROW["source"])
-
-
-@pytest.fixture
-def installed(settings: Settings) -> Iterator[CompileqPool]:
-    original = AsyncCompile.__dict__["process_pool"]
-    assert compileq.install(settings)
-    pool = installed_pool()
-    assert pool is not None
-    try:
-        yield pool
-    finally:
-        compileq.uninstall()
-        assert AsyncCompile.__dict__["process_pool"] is original
 
 
 def test_inductors_triton_job_is_recognised() -> None:

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from compileq._log import log
 from compileq.errors import UnsupportedTarget
 
 _DEVICE_PROPS = re.compile(r"DeviceProperties\(([^)]*)\)")
@@ -238,28 +239,32 @@ def seed_inductor_keys() -> list[str]:
     every process, warm caches or not, and in every worker pool process's first graph). torch
     2.13 keeps them in a ``prefetchable_cache`` with ``set()`` for exactly this; on a torch
     whose cache has no ``set`` nothing is seeded (torch 2.11 has one for ``torch_key`` only:
-    Triton's ``triton_key`` is an ``lru_cache`` there). Returns the names seeded.
+    Triton's ``triton_key`` is an ``lru_cache`` there). Returns the names seeded. Never
+    raises: a memo that cannot be read or written only costs the hashing.
     """
-    from torch._inductor import codecache
-    from torch._inductor.runtime.triton_compat import HAS_TRITON
+    seeded: list[str] = []
+    try:
+        from torch._inductor import codecache
+        from torch._inductor.runtime.triton_compat import HAS_TRITON
 
-    values: dict[str, Callable[[], object]] = {
-        "torch_key": lambda: bytes.fromhex(torch_identity()[1])
-    }
-    if HAS_TRITON:
-        values["triton_key"] = _triton_key
-    seeded = []
-    for name, value in values.items():
-        setter = getattr(getattr(codecache, name, None), "set", None)
-        if setter is None:
-            continue
-        try:
-            setter(value())
-        # Computed already in this process (or by the memo's compute): 2.13 raises a
-        # RuntimeError, 2.11 asserts.
-        except (RuntimeError, AssertionError):
-            continue
-        seeded.append(name)
+        values: dict[str, Callable[[], object]] = {
+            "torch_key": lambda: bytes.fromhex(torch_identity()[1])
+        }
+        if HAS_TRITON:
+            values["triton_key"] = _triton_key
+        for name, value in values.items():
+            setter = getattr(getattr(codecache, name, None), "set", None)
+            if setter is None:
+                continue
+            try:
+                setter(value())
+            # Computed already in this process (or by the memo's compute): 2.13 raises a
+            # RuntimeError, 2.11 asserts.
+            except (RuntimeError, AssertionError):
+                continue
+            seeded.append(name)
+    except Exception:
+        log.debug("compileq: Inductor's keys not seeded", exc_info=True)
     return seeded
 
 

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from compileq import fingerprint
 from compileq._log import log, warn_once
 from compileq.cache.counters import Counter
 from compileq.config import Settings, get_settings
@@ -125,7 +126,9 @@ def install(
                 from compileq.scheduler import index_free
 
                 index_free.enable()
-        _seed_inductor_keys()
+        # Inductor's torch_key and triton_key from compileq's on-disk memo: the first compile
+        # does not hash torch's and Triton's files again.
+        fingerprint.seed_inductor_keys()
         if settings.gc_window and on_worker is None:
             from compileq.scheduler import gc_window
 
@@ -146,19 +149,6 @@ def install(
         _installed.fx = want_fx and on_worker is None
     log.info("compileq: installed (redis %s%s)", settings.redis_display, ", FX" if want_fx else "")
     return True
-
-
-def _seed_inductor_keys() -> None:
-    """Inductor's torch_key and triton_key from compileq's on-disk memo (fingerprint.py), so
-    that the first compile does not hash torch's and Triton's files again."""
-    from compileq import fingerprint
-
-    try:
-        seeded = fingerprint.seed_inductor_keys()
-    except Exception:  # a memo that cannot be read or written only costs the hashing
-        log.debug("compileq: Inductor's keys not seeded", exc_info=True)
-        return
-    log.debug("compileq: Inductor's %s seeded from the memo", ", ".join(seeded) or "nothing")
 
 
 def uninstall() -> None:

@@ -34,11 +34,7 @@ def preload(cpu_only: bool) -> None:
 
     from compileq.fingerprint import seed_inductor_keys
 
-    # Before the fork: every pool process's first graph would hash torch and Triton again.
-    try:
-        seed_inductor_keys()
-    except Exception:  # an unreadable memo only costs the hashing
-        log.debug("compileq worker: Inductor's keys not seeded", exc_info=True)
+    seed_inductor_keys()  # before the fork, or each pool process's first graph hashes again
 
 
 def cpu_fx_toolchains(gpus: list[Target]) -> dict[str, FxToolchain]:
