@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import json
 import operator
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,10 +16,10 @@ from torch._inductor.runtime.compile_tasks import _worker_compile_triton
 
 import compileq
 from compileq.config import Settings
-from compileq.localstack import free_port
+from compileq.localstack import RedisServer, free_port
 from compileq.scheduler.inductor import inductor_extra_config, recognise
 from compileq.scheduler.pool import CompileqPool
-from tests.conftest import FIXTURES, INDUCTOR_CLIENT, Env, client_json, manifest_rows
+from tests.conftest import FIXTURES, INDUCTOR_CLIENT, Env, client_json, manifest_rows, run_cli
 
 ROW = manifest_rows(FIXTURES / "gpt_head.jsonl")[0]
 LOAD = functools.partial(_load_triton_kernel_from_source, ROW["name"], ROW["source"])
@@ -116,3 +118,28 @@ def test_a_forked_child_gets_its_own_listener_and_never_hangs(
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_under_compileq_run_a_kernel_no_worker_serves_is_built_in_stocks_pool(
+    redis_server: RedisServer, env: Env, tmp_path: Path
+) -> None:
+    # A database no worker registered in: every build falls back to stock's process pool,
+    # whose compile-worker subprocess inherits `compileq run`'s start-up file. compileq must
+    # stay out of it (it died there once, and its parent waited forever on the kernels).
+    alone = Env(redis_server.url(3), env.home)
+    redis_server.client(3).flushdb()
+    manifest = FIXTURES / "gpt_head.jsonl"
+    proc = run_cli(
+        alone,
+        "run",
+        "--no-fx",
+        "--",
+        sys.executable,
+        str(INDUCTOR_CLIENT),
+        str(manifest),
+        tmp=tmp_path,
+        timeout=240,
+    )
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["kernels"] == len(manifest_rows(manifest)) and got["cubins"] >= got["kernels"]
+    assert "no live worker" in proc.stderr

@@ -68,7 +68,22 @@ class _InstallWhenInductorLoads(importlib.abc.MetaPathFinder):
         return spec
 
 
-if os.environ.get("COMPILEQ_ENABLED", "1") not in ("0", "false", "False"):
+#: Inductor's own helper processes: its compile-worker pool and its autotuning subprocess. They
+#: are started with this process's ``sys.path`` as PYTHONPATH, so this file runs in them too;
+#: compileq has no place there (the compile worker builds what it is sent, as stock), and the
+#: compile worker sets ``torch_key`` itself at its start, which fails once compileq has seeded
+#: it: the worker died and its parent waited forever on the kernels it was sent.
+_INDUCTOR_HELPERS = ("/_inductor/compile_worker/__main__.py", "/_inductor/__autotune_main__.py")
+
+
+def _inductor_helper() -> bool:
+    argv = getattr(sys, "orig_argv", sys.argv)  # the interpreter's own command line (3.10+)
+    return any(arg.replace(os.sep, "/").endswith(_INDUCTOR_HELPERS) for arg in argv[1:] if arg)
+
+
+if os.environ.get("COMPILEQ_ENABLED", "1") not in ("0", "false", "False") and not (
+    _inductor_helper()
+):
     sys.meta_path.insert(0, _InstallWhenInductorLoads())
     try:  # the job's profile starts coming while this process imports torch
         from compileq.scheduler import profiles
