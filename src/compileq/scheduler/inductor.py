@@ -79,9 +79,15 @@ def relocate_to_this_machine(kernel: Any) -> None:
     source was normalised to ``cuda:0`` (``tasks/device_index.py``), so every GPU index of every
     node reads and writes one entry per kernel.
     """
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
+    # Inductor's ``cache_dir()`` also sets this variable and creates the directory; this runs
+    # once per kernel, on the thread that settles builds, where a setenv can race a getenv in
+    # native code on another thread. Inductor has set it before it submits any kernel.
+    here = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if here is None:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-    here = cache_dir()
+        here = cache_dir()
+    here = os.path.abspath(here)
 
     def moved(path: str) -> str:
         return os.path.join(here, *path.split(os.sep)[-2:])
