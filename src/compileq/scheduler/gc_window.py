@@ -44,7 +44,7 @@ _frozen = False  # whether the current window froze (and so must thaw)
 #: How many objects were frozen when the window was enabled, or after the last window thawed:
 #: a count above it at a compile's start means someone else froze objects since.
 _baseline = 0
-_registered: tuple[Any, Any, Any] | None = None  # (handler, start callback, end callback)
+_handler: Any = None  # Dynamo's callback handler, while the window's callbacks are on it
 
 
 def _start(_: Any) -> None:
@@ -73,7 +73,7 @@ def _end(_: Any) -> None:
 def enable() -> bool:
     """Open a window at each outermost compile's start and close it at its end. Returns
     whether Dynamo's callbacks were found (torch 2.11 to 2.13 have them)."""
-    global _registered, _baseline
+    global _handler, _baseline
     try:
         from torch._dynamo.callback import callback_handler
     except ImportError:
@@ -81,25 +81,24 @@ def enable() -> bool:
     if not hasattr(callback_handler, "register_start_callback"):
         return False
     with _lock:
-        if _registered is None:
+        if _handler is None:
             _baseline = gc.get_freeze_count()
             callback_handler.register_start_callback(_start)
             callback_handler.register_end_callback(_end)
-            _registered = (callback_handler, _start, _end)
+            _handler = callback_handler
     return True
 
 
 def disable() -> None:
     """Remove the callbacks, thawing what a window still holds frozen."""
-    global _registered
+    global _handler
     with _lock:
-        registered, _registered = _registered, None
-    if registered is not None:
-        handler, start, end = registered
-        if start in handler.start_callbacks:
-            handler.remove_start_callback(start)
-        if end in handler.end_callbacks:
-            handler.remove_end_callback(end)
+        handler, _handler = _handler, None
+    if handler is not None:
+        if _start in handler.start_callbacks:
+            handler.remove_start_callback(_start)
+        if _end in handler.end_callbacks:
+            handler.remove_end_callback(_end)
     _end(None)
 
 
