@@ -80,6 +80,7 @@ def run_job(
     args: list[str],
     mode: str,
     caches_of: str | None = None,
+    cprofile: Path | None = None,
 ) -> dict[str, Any]:
     """One job in a fresh process tree, on empty local cache dirs, or on those that run
     ``caches_of`` left (its results are read back from there too)."""
@@ -94,6 +95,8 @@ def run_job(
     if nproc:
         argv += ["-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
         argv += ["--master-port", port]
+    elif cprofile is not None:  # the whole process; read with python -m bench.profile_report
+        argv += ["-m", "cProfile", "-o", str(cprofile / f"{name}.pstats")]
     argv += [str(SCRIPT), *args, "--rank-caches", str(caches)]
     env = cluster.env()
     if mode.startswith("compileq"):
@@ -145,6 +148,12 @@ def main(argv: list[str] | None = None) -> int:
         help="which runs, comma-separated (a run that needs another's dirs needs that run too)",
     )
     parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "bench-out"))
+    parser.add_argument(
+        "--cprofile",
+        action="store_true",
+        help="with --nproc 0: run each job under cProfile, writing RUN.pstats to --out "
+        "(timings then include the profiler's own cost)",
+    )
     parser.add_argument("script_args", nargs="*", help="after --: llama_script.py arguments")
     args = parser.parse_args(argv)
     chosen = args.runs.split(",")
@@ -175,7 +184,16 @@ def main(argv: list[str] | None = None) -> int:
                     cluster.wipe_worker_caches()
                 reuse = f"stock_cold-{rep}" if before == "reuse" else None
                 results[name].append(
-                    run_job(cluster, workdir, f"{name}-{rep}", args.nproc, script_args, mode, reuse)
+                    run_job(
+                        cluster,
+                        workdir,
+                        f"{name}-{rep}",
+                        args.nproc,
+                        script_args,
+                        mode,
+                        reuse,
+                        out if args.cprofile else None,
+                    )
                 )
                 # Saved as it goes: a run cut short by a time limit keeps what it measured.
                 (out / "ddp.json").write_text(json.dumps({"runs": results}, indent=1))

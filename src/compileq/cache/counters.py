@@ -44,6 +44,11 @@ class Counter(str, enum.Enum):
     CPP_MISSES = "cpp_misses"
     CPP_REMOTE_COMPILES = "cpp_remote_compiles"
     CPP_LOCAL_COMPILES = "cpp_local_compiles"
+    #: Triton's C helper modules (scheduler/triton_modules.py): written from the store,
+    #: missing there, built here.
+    TRITON_MODULE_HITS = "triton_module_hits"
+    TRITON_MODULE_MISSES = "triton_module_misses"
+    TRITON_MODULE_BUILDS = "triton_module_builds"
     FALLBACKS = "fallbacks"
     INTEGRITY_FAILURES = "integrity_failures"
     FOREIGN_SECRET_ENTRIES = "foreign_secret_entries"

@@ -111,9 +111,10 @@ def install(
         # Recorded at once, so that uninstall() can undo a partial install (boundary.guard).
         _installed = _Installed(original, pool, False)
         if settings.graph_cache:
-            from compileq.scheduler import cpp_cache, graph_cache
+            from compileq.scheduler import cpp_cache, graph_cache, triton_modules
 
             graph_cache.enable(client.store, settings.deadline_s)
+            triton_modules.enable(client.store)
             built = (
                 Counter.CPP_REMOTE_COMPILES if on_worker is not None else Counter.CPP_LOCAL_COMPILES
             )
@@ -160,9 +161,17 @@ def uninstall() -> None:
         from torch._inductor.async_compile import AsyncCompile
 
         AsyncCompile.process_pool = _installed.original  # type: ignore[method-assign]
-        from compileq.scheduler import cpp_cache, ddp_aot, gc_window, graph_cache, index_free
+        from compileq.scheduler import (
+            cpp_cache,
+            ddp_aot,
+            gc_window,
+            graph_cache,
+            index_free,
+            triton_modules,
+        )
 
         gc_window.disable()
+        triton_modules.disable()
         ddp_aot.disable()
         index_free.disable()
         fx_remote.disable()

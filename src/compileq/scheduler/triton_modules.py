@@ -1,0 +1,180 @@
+"""Triton's C helper modules, content-addressed in the store.
+
+Triton builds small C extension modules with the C compiler the first time a process needs
+them and its ``TRITON_CACHE_DIR`` does not hold them: ``cuda_utils`` (its CUDA driver's
+utilities, needed to load any kernel) and a ``__triton_launcher`` per kernel signature where
+Inductor's static launcher does not serve. On a new machine that is a C compile inside the first
+compile: on an H100 ``triton.runtime.driver.active.utils`` took 0.60 s on an empty cache dir,
+0.012 s on a warm one, and it was most of what a new machine's graph load cost over a warm local
+cache's (``bench/device_profile_new.sh``, docs/BENCHMARKS.md). Stock's remote caches do not
+carry these files.
+
+compileq puts a cache manager where Triton looks for one (``triton.knobs.cache.manager_class``):
+Triton's own file cache, except that a C module missing from it is looked up in the store and
+written into place through Triton's own ``put`` (a temporary dir, then ``os.replace``: no reader
+sees half a file), and a module Triton built here is stored. Every other file (cubins, kernel
+metadata) is Triton's file cache untouched. A manager the user configured is left alone.
+
+Rejected: wrapping ``compile_module_from_src``. Triton's driver binds that name at its import,
+and Triton 3.9 builds ``cuda_utils`` through ``compile_module_from_file`` instead; the cache
+manager's interface and the file names are the same in 3.6 and 3.9.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import sysconfig
+from typing import Any
+
+import redis
+
+from compileq import keys
+from compileq._log import log, warn_once
+from compileq.cache.counters import Counter
+from compileq.cache.store import RedisStore
+from compileq.errors import CompileqError
+from compileq.scheduler import boundary
+
+KIND = "triton-so"
+_store: RedisStore | None = None
+_manager: type | None = None
+#: Whether compileq set ``knobs.cache.manager_class`` (disable() then unsets it).
+_set = False
+
+
+def module_key(cache_key: str, filename: str) -> str:
+    """The store key of one C module: Triton's own cache key (a hash of the module's C source
+    and the platform; in 3.9 also its build flags and dirs) and file name (with Python's
+    extension suffix), with what decides whether another machine can load it: Triton's
+    version, the C library, the CPU architecture. Not the C compiler: another one builds a
+    module that works alike, and keying on it would split the cluster's entries by compiler
+    patch release for nothing."""
+    import triton
+
+    material = {
+        "kind": KIND,
+        "format": 1,
+        "triton_key": cache_key,
+        "file": filename,
+        "triton": triton.__version__,
+        "libc": list(platform.libc_ver()),
+        "machine": platform.machine(),
+    }
+    digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+    return keys.artifact(KIND, digest)
+
+
+def is_module(filename: str) -> bool:
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    return filename.endswith(suffix)
+
+
+def _not_fetched(cache: Any, filename: str) -> str | None:
+    return None
+
+
+@boundary.guard("the Triton module cache", instead=_not_fetched)
+def fetch(cache: Any, filename: str) -> str | None:
+    """Write ``filename`` into ``cache`` (a Triton file cache manager) from the store; its path,
+    or None where the store has no verified entry (Triton then builds it)."""
+    store = _store
+    if store is None:
+        return None
+    from triton.runtime.cache import FileCacheManager
+
+    try:
+        entry = store.get_many([module_key(cache.key, filename)])[0]
+        if entry is None:
+            store.count({Counter.TRITON_MODULE_MISSES: 1})
+            return None
+        path = FileCacheManager.put(cache, entry.payload(), filename, binary=True)
+        store.count({Counter.TRITON_MODULE_HITS: 1})
+    except redis.RedisError as e:
+        warn_once("triton-modules", "compileq: Triton module cache unavailable (%s)", e)
+        return None
+    log.debug("compileq: Triton module %s from the store", filename)
+    return str(path)
+
+
+def _not_shared(cache_key: str, filename: str, data: bytes) -> None:
+    return None
+
+
+@boundary.guard("the Triton module cache", instead=_not_shared)
+def share(cache_key: str, filename: str, data: bytes) -> None:
+    """Store a module Triton built here; failing to only costs other machines a build."""
+    store = _store
+    if store is None:
+        return
+    try:
+        store.count({Counter.TRITON_MODULE_BUILDS: 1})
+        store.put(module_key(cache_key, filename), data)
+    except (redis.RedisError, CompileqError) as e:
+        warn_once("triton-modules-put", "compileq: Triton module not cached: %s", e)
+
+
+def _manager_class() -> type:
+    """Triton's file cache manager, with C modules served from and shared to the store (a
+    class made at enable(): importing Triton at compileq's import would cost every process
+    that never compiles)."""
+    global _manager
+    if _manager is not None:
+        return _manager
+    from triton.runtime.cache import FileCacheManager
+
+    class CompileqCacheManager(FileCacheManager):  # type: ignore[misc]
+        def __init__(self, key: str, override: bool = False, dump: bool = False) -> None:
+            super().__init__(key, override=override, dump=dump)
+            # Override and dump dirs hold what a user put there by hand: not the cluster's.
+            self._shared = not override and not dump
+
+        def get_file(self, filename: str) -> str | None:
+            path: str | None = super().get_file(filename)
+            if path is None and self._shared and is_module(filename):
+                path = fetch(self, filename)
+            return path
+
+        def put(self, data: Any, filename: str, binary: bool = True) -> str:
+            path: str = super().put(data, filename, binary)
+            if self._shared and isinstance(data, bytes) and is_module(filename):
+                share(self.key, filename, data)
+            return path
+
+    _manager = CompileqCacheManager
+    return _manager
+
+
+def enable(store: RedisStore) -> None:
+    """Serve Triton's C modules from ``store``, unless a cache manager is configured already
+    (``TRITON_CACHE_MANAGER`` or ``knobs.cache.manager_class``)."""
+    global _store, _set
+    try:
+        from triton import knobs
+    except ImportError:  # no Triton here, or one older than its knobs: Triton as it is
+        return
+    manager = _manager_class()
+    try:
+        current = knobs.cache.manager_class  # imports what TRITON_CACHE_MANAGER names
+    except Exception as e:  # a bad TRITON_CACHE_MANAGER is Triton's to report, at its use
+        current = e
+    if current is not None and current is not manager:
+        warn_once(
+            "triton-manager",
+            "compileq: Triton cache manager %s is configured; Triton's C modules not shared",
+            getattr(current, "__name__", current),
+        )
+        return
+    knobs.cache.manager_class = manager
+    _store, _set = store, True
+
+
+def disable() -> None:
+    global _store, _set
+    _store = None
+    if _set:
+        from triton import knobs
+
+        del knobs.cache.manager_class  # back to TRITON_CACHE_MANAGER's default: none
+        _set = False
