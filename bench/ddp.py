@@ -125,6 +125,9 @@ def run_job(
         "profiles_loaded": delta.get("profile_loads", 0),
         # AOTAutograd: lookups that missed, and DDP subgraphs loaded or recorded (ddp_aot).
         "aot_misses": delta.get("aot_misses", 0),
+        # Triton's C modules (cuda_utils, launchers) served from the store, or built here.
+        "triton_module_hits": delta.get("triton_module_hits", 0),
+        "triton_module_builds": delta.get("triton_module_builds", 0),
         "ddp_subgraph_loads": delta.get("ddp_subgraph_loads", 0),
         "ddp_subgraph_records": delta.get("ddp_subgraph_records", 0),
         "losses": [r["losses"] for r in ranks],

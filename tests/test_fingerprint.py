@@ -118,8 +118,9 @@ triton_key = getattr(codecache, "triton_key", triton_compat.triton_key)  # 2.13,
 print(json.dumps({"seeded": seeded, "torch_key": codecache.torch_key().hex(),
                   "triton_key": triton_key()}))
 """
-#: What a torch's Inductor keeps in a cache that can be seeded (2.11: torch_key only).
-SEEDABLE = ["torch_key"] + (["triton_key"] if hasattr(codecache, "triton_key") else [])
+#: Both keys, on every torch: 2.13 keeps them in caches with ``set()``; on 2.11 Triton's key
+#: is seeded where Inductor looks it up (``triton_compat``).
+SEEDABLE = ["torch_key", "triton_key"]
 
 
 def inductor_keys(xdg: Path, how: str) -> dict[str, object]:
@@ -162,3 +163,59 @@ def test_a_seeded_key_is_what_inductor_uses_and_a_stale_memo_is_not(tmp_path: Pa
     memo["torch_key"] = {"signature": "a file of torch changed", "value": "ab" * 32}
     memo_path.write_text(json.dumps(memo))
     assert inductor_keys(tmp_path, "seed")["torch_key"] == real
+
+
+_SYSTEM_INFO = """
+import json
+from compileq import fingerprint
+seeded = fingerprint.seed_inductor_keys()
+from torch._inductor import codecache
+from torch._inductor.runtime import triton_compat
+from triton.runtime import cache
+system = codecache.CacheBase.get_system()  # in every FX-graph and AOTAutograd cache key
+print(json.dumps({"seeded": seeded, "triton_hashed": cache.triton_key.cache_info().misses,
+                  "compat": triton_compat.triton_key(), "system": system}))
+"""
+
+_TRITON_COMPAT = """
+import json
+from compileq import fingerprint
+from torch._inductor.runtime import triton_compat
+from triton.runtime import cache
+fingerprint._seed_triton_compat(fingerprint._triton_key())
+value, hashed = triton_compat.triton_key(), cache.triton_key.cache_info().misses
+try:
+    fingerprint._seed_triton_compat("again")
+    again = "seeded twice"
+except RuntimeError:
+    again = "refused"
+print(json.dumps({"value": value, "hashed": hashed, "again": again, "real": cache.triton_key()}))
+"""
+
+
+def test_inductors_system_info_is_computed_without_triton_hashing_its_files(
+    tmp_path: Path,
+) -> None:
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+
+    def fresh_process(script: str) -> dict[str, object]:
+        out = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        return json.loads(out.stdout.splitlines()[-1])  # type: ignore[no-any-return]
+
+    first, second = fresh_process(_SYSTEM_INFO), fresh_process(_SYSTEM_INFO)  # 1st: the memo
+    assert "triton_key" in second["seeded"]
+    assert second["triton_hashed"] == 0  # Triton's own triton_key() never ran
+    assert second["compat"] == first["compat"]  # the value Triton computed, for torch 2.11
+    assert second["system"] == first["system"]
+    # torch 2.11's way, taken on any torch: the memo's value where Inductor looks Triton's up.
+    compat = fresh_process(_TRITON_COMPAT)
+    assert compat["hashed"] == 0 and compat["again"] == "refused"
+    assert compat["value"] == compat["real"] == first["compat"]

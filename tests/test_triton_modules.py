@@ -141,3 +141,37 @@ def test_uninstall_gives_triton_its_own_cache_manager_back(installed: Any) -> No
     compileq.uninstall()
     assert knobs.cache.manager_class is None
     assert compileq.install(installed.client.settings)  # the fixture uninstalls it again
+
+
+_DRIVER = """
+import json, torch
+torch.cuda.init()
+import compileq
+assert compileq.install()
+from triton.runtime import driver
+driver.active.utils  # Triton's CUDA driver starts: it needs its cuda_utils module
+print(json.dumps({"device": driver.active.get_current_device()}))
+"""
+
+
+@pytest.mark.skipif(
+    not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU (Triton's driver)"
+)
+def test_tritons_cuda_driver_starts_on_a_new_machine_from_the_store_without_the_c_compiler(
+    env: Env, tmp_path: Path
+) -> None:
+    def fresh_process(triton_dir: Path, **more: str) -> None:
+        proc = subprocess.run(
+            [sys.executable, "-c", _DRIVER],
+            env=env.vars(TRITON_CACHE_DIR=str(triton_dir), **more),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    fresh_process(tmp_path / "machine-a")  # built here, or served if an earlier test built it
+    before = counters(env)
+    fresh_process(tmp_path / "machine-b", CC="/bin/false")
+    assert delta(before, counters(env), *NAMES)["triton_module_hits"] == 1
+    assert list((tmp_path / "machine-b").glob("*/cuda_utils*.so"))

@@ -238,8 +238,8 @@ def seed_inductor_keys() -> list[str]:
     and Triton and libtriton itself (0.5-0.8 s on the 2-core CPU machine, in the first step of
     every process, warm caches or not, and in every worker pool process's first graph). torch
     2.13 keeps them in a ``prefetchable_cache`` with ``set()`` for exactly this; on a torch
-    whose cache has no ``set`` nothing is seeded (torch 2.11 has one for ``torch_key`` only:
-    Triton's ``triton_key`` is an ``lru_cache`` there). Returns the names seeded. Never
+    whose cache has no ``set`` nothing is seeded, except Triton's key on torch 2.11, which
+    Inductor reads through ``triton_compat`` there (:func:`_seed_triton_compat`). Returns the names seeded. Never
     raises: a memo that cannot be read or written only costs the hashing.
     """
     seeded: list[str] = []
@@ -254,6 +254,8 @@ def seed_inductor_keys() -> list[str]:
             values["triton_key"] = _triton_key
         for name, value in values.items():
             setter = getattr(getattr(codecache, name, None), "set", None)
+            if setter is None and name == "triton_key":
+                setter = _seed_triton_compat
             if setter is None:
                 continue
             try:
@@ -266,6 +268,28 @@ def seed_inductor_keys() -> list[str]:
     except Exception:
         log.debug("compileq: Inductor's keys not seeded", exc_info=True)
     return seeded
+
+
+def _seed_triton_compat(value: str) -> None:
+    """torch 2.11's Inductor has no ``triton_key`` cache of its own: its ``get_system`` (in
+    every FX-graph and AOTAutograd cache key, so in every first compile) imports ``triton_key``
+    from ``triton_compat`` at each call, and that is Triton's own ``lru_cache``, which hashes
+    Triton's compiler, backends and libtriton (0.3-0.4 s on the H100, in every process). An
+    ``lru_cache`` cannot be filled from outside, so ``triton_compat``'s name is pointed at the
+    memoised value instead; anything that bound Triton's function before computes it itself,
+    to the same value."""
+    from torch._inductor.runtime import triton_compat
+
+    current = triton_compat.triton_key
+    if getattr(current, "_compileq_seeded", False):
+        raise RuntimeError("triton_key is seeded already")
+
+    def triton_key() -> str:
+        return value
+
+    triton_key._compileq_seeded = True  # type: ignore[attr-defined]
+    triton_key.__wrapped__ = current  # type: ignore[attr-defined]
+    triton_compat.triton_key = triton_key
 
 
 def assembler_version(target: Target) -> str:
