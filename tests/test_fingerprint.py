@@ -144,7 +144,9 @@ def test_inductors_keys_are_seeded_from_the_memo_with_the_values_inductor_comput
     hashed = inductor_keys(tmp_path, "hash")  # Inductor hashing the files itself
     first = inductor_keys(tmp_path, "seed")  # no memo yet: computed (by Inductor), memoised
     second = inductor_keys(tmp_path, "seed")  # a later process: from the memo
-    assert first["seeded"] == []
+    # No memo yet: computed. torch 2.13's caches then refuse a value (nothing seeded); on
+    # 2.11 triton_compat is pointed at the value Triton just computed, which changes nothing.
+    assert "torch_key" not in first["seeded"]
     assert second["seeded"] == SEEDABLE
     for got in (first, second):
         assert (got["torch_key"], got["triton_key"]) == (hashed["torch_key"], hashed["triton_key"])
