@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing
+import os
+import subprocess
+import sys
 import time
 from multiprocessing.synchronize import Event
 from pathlib import Path
@@ -164,3 +168,33 @@ def test_a_worker_that_keeps_dying_is_restarted_with_growing_delays_and_never_gi
     delays = [restart_delay(n) for n in range(0, 12)]
     assert delays[:6] == [0.0, 1.0, 2.0, 4.0, 8.0, 16.0]
     assert delays[6:] == [30.0] * 6  # capped, and still a restart after many deaths
+
+
+_PRELOAD = """
+import json, os
+from compileq.workers.process import preload
+preload(cpu_only=True)
+from triton.runtime.cache import triton_key
+read, write = os.pipe()
+if os.fork() == 0:  # a pool process: its first kernel's key finds Triton's key computed
+    triton_key()
+    os.write(write, json.dumps(triton_key.cache_info().misses).encode())
+    os._exit(0)
+os.wait()
+print(json.dumps({"parent": triton_key.cache_info().currsize,
+                  "child_misses": json.loads(os.read(read, 100))}))
+"""
+
+
+def test_a_worker_computes_tritons_key_before_forking_its_pool_processes(tmp_path: Path) -> None:
+    pytest.importorskip("triton")
+    out = subprocess.run(
+        [sys.executable, "-c", _PRELOAD],
+        env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    seen = json.loads(out.stdout.splitlines()[-1])
+    assert seen == {"parent": 1, "child_misses": 1}  # the parent's one miss, none in the child

@@ -35,6 +35,24 @@ def preload(cpu_only: bool) -> None:
     from compileq.fingerprint import seed_inductor_keys
 
     seed_inductor_keys()  # before the fork, or each pool process's first graph hashes again
+    prime_triton_key()
+
+
+def prime_triton_key() -> None:
+    """Compute Triton's own ``triton_key()`` before the fork, as stock's compile pool does
+    (``pre_fork_setup``). Triton's compiler keys every kernel on it, and it is an
+    ``lru_cache`` per process that hashes Triton's compiler and libtriton (0.3-0.4 s): computed
+    here once, every pool process inherits it; else each pays it at its first kernel. Not
+    seeded from compileq's memo as Inductor's is: Triton's autotuner binds the function at
+    import, so the real one is what every caller must find filled."""
+    try:
+        from triton.runtime.cache import triton_key
+    except ImportError:  # no Triton, or one whose key lives elsewhere: each process computes it
+        return
+    try:
+        triton_key()
+    except Exception as e:  # a broken Triton fails its first build with its own error
+        log.debug("compileq: Triton's key not computed before the fork: %s", e)
 
 
 def cpu_fx_toolchains(gpus: list[Target]) -> dict[str, FxToolchain]:
