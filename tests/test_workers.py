@@ -198,3 +198,15 @@ def test_a_worker_computes_tritons_key_before_forking_its_pool_processes(tmp_pat
     assert out.returncode == 0, out.stderr[-2000:]
     seen = json.loads(out.stdout.splitlines()[-1])
     assert seen == {"parent": 1, "child_misses": 1}  # the parent's one miss, none in the child
+
+
+def test_the_full_collections_during_a_codegen_are_counted_for_its_log_line() -> None:
+    import gc
+
+    from compileq.workers.fx import _collections
+
+    with _collections() as seen:
+        gc.collect(1)  # a younger generation: timed, not counted as full
+        gc.collect()
+    assert seen.full == 1 and seen.seconds > 0
+    assert seen.callback not in gc.callbacks  # the hook leaves with the codegen

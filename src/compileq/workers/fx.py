@@ -11,9 +11,11 @@ build them, else built here: see ``fx_slots``), C++ objects through the C++ cach
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import time
 from collections.abc import Iterator
+from typing import Any
 
 from compileq import keys
 from compileq._laps import Laps
@@ -126,10 +128,43 @@ def generate(ctx: WorkerContext, job: FxJob, laps: Laps) -> tuple[bytes, str]:
         _codegen_env(job.env),
         _codegen_state(job.state),
         wire(),
+        _collections() as collected,
     ):
         output = _OutOfProcessFxCompile._run_in_child(_WireProtocolPickledInput(job.pickled_input))
     laps.lap("codegen")
-    return bytes(output.value), _inductor_phases(before)
+    phases = _inductor_phases(before)
+    return bytes(output.value), ", ".join(p for p in (phases, collected.describe()) if p)
+
+
+class _Collections:
+    """Python's garbage collections during one codegen: how many full ones, and their time."""
+
+    def __init__(self) -> None:
+        self.full = 0
+        self.seconds = 0.0
+        self._started = 0.0
+
+    def callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        self.seconds += time.perf_counter() - self._started
+        self.full += info.get("generation") == 2
+
+    def describe(self) -> str:
+        return f"gc {self.seconds:.2f}s ({self.full} full)" if self.seconds >= 0.01 else ""
+
+
+@contextlib.contextmanager
+def _collections() -> Iterator[_Collections]:
+    """Time the collections a codegen triggers, for its log line: a codegen allocates millions
+    of objects, and each full collection walks every live one of this pool process."""
+    seen = _Collections()
+    gc.callbacks.append(seen.callback)
+    try:
+        yield seen
+    finally:
+        gc.callbacks.remove(seen.callback)
 
 
 @contextlib.contextmanager
