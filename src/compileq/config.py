@@ -156,7 +156,8 @@ class Settings(BaseSettings):
     enabled: bool = Field(True, description="COMPILEQ_ENABLED=0 makes install() a no-op.")
     graph_cache: bool = Field(
         True,
-        description="Serve Inductor's FX-graph, AOTAutograd, autotune and C++ caches from Redis.",
+        description="Serve Inductor's FX-graph, AOTAutograd, autotune and C++ caches, and Triton's C "
+        "modules, from Redis.",
     )
 
     fx: bool = Field(
