@@ -239,8 +239,8 @@ def seed_inductor_keys() -> list[str]:
     every process, warm caches or not, and in every worker pool process's first graph). torch
     2.13 keeps them in a ``prefetchable_cache`` with ``set()`` for exactly this; on a torch
     whose cache has no ``set`` nothing is seeded, except Triton's key on torch 2.11, which
-    Inductor reads through ``triton_compat`` there (:func:`_seed_triton_compat`). Returns the names seeded. Never
-    raises: a memo that cannot be read or written only costs the hashing.
+    Inductor reads through ``triton_compat`` there (:func:`_seed_triton_compat`). Returns the
+    names seeded. Never raises: a memo that cannot be read or written only costs the hashing.
     """
     seeded: list[str] = []
     try:
