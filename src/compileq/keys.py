@@ -7,6 +7,10 @@ stay apart from the cache's.
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Mapping
+
 PREFIX = "compileq"
 
 #: Content-addressed artifacts: ``compileq:a:<kind>:<sha256>``.
@@ -59,6 +63,13 @@ FX_QUEUE_PREFIX = "compileq.fx."
 
 def artifact(kind: str, digest: str) -> str:
     return f"{ARTIFACT}{kind}:{digest}"
+
+
+def artifact_of(kind: str, material: Mapping[str, object]) -> str:
+    """The artifact key of everything that decides an entry (``material``: JSON values),
+    hashed in one canonical spelling (sorted keys), so equal material is one key anywhere."""
+    canonical = json.dumps(material, sort_keys=True).encode()
+    return artifact(kind, hashlib.sha256(canonical).hexdigest())
 
 
 def lock(key: str) -> str:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import json
 import os
 import platform
 import tempfile
@@ -49,8 +48,7 @@ def cpp_key(target: str) -> str:
         "machine": platform.machine(),
         "torch": torch_identity(),
     }
-    digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
-    return keys.artifact("cpp", digest)
+    return keys.artifact_of("cpp", material)
 
 
 def _write_atomically(path: str, data: bytes) -> None:
@@ -189,8 +187,7 @@ def _isa_verdict_key(isa: Any, code: str) -> str | None:
         "torch": torch_identity(),
         "cpu_flags": cpu,
     }
-    digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
-    return keys.artifact("isa", digest)
+    return keys.artifact_of("isa", material)
 
 
 def _check_build(isa: Any, code: str) -> bool:

@@ -22,8 +22,6 @@ manager's interface and the file names are the same in 3.6 and 3.9.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import platform
 import sysconfig
 from typing import Any
@@ -62,13 +60,15 @@ def module_key(cache_key: str, filename: str) -> str:
         "libc": list(platform.libc_ver()),
         "machine": platform.machine(),
     }
-    digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
-    return keys.artifact(KIND, digest)
+    return keys.artifact_of(KIND, material)
+
+
+#: What a C extension module's file name ends with for this Python (``.cpython-312-...so``).
+_MODULE_SUFFIX: str = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
 
 
 def is_module(filename: str) -> bool:
-    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    return filename.endswith(suffix)
+    return filename.endswith(_MODULE_SUFFIX)
 
 
 def _not_fetched(cache: Any, filename: str) -> str | None:
