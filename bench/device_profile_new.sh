@@ -1,25 +1,11 @@
 #!/usr/bin/env bash
 # GPU: where a new machine's first compile spends its time against a warm local cache.
-# 1. Triton's C helper modules (cuda_utils, and a launcher per signature when Inductor's static
-#    launcher is off) are built with the C compiler into TRITON_CACHE_DIR on first use: time that
-#    on an empty dir and on a warm one.
-# 2. bench.ddp --nproc 0 --cprofile: stock and compileq runs under cProfile; reports below.
+# bench.ddp --nproc 0 --cprofile: stock and compileq runs under cProfile, then bench.profile_report
+# on them. (Triton's driver start on empty and warm cache dirs: bench/device_triton_modules.sh.)
 #   source .carry/device-setup.sh && bash bench/device_profile_new.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 BO=$(mktemp -d)
-{
-  echo "== Triton driver start, empty vs warm TRITON_CACHE_DIR"
-  T=$(mktemp -d)
-  for label in empty warm warm; do
-    TRITON_CACHE_DIR=$T python3 -c "
-import time, torch; torch.cuda.init(); import triton
-t = time.perf_counter(); from triton.runtime import driver; driver.active.utils
-print('$label', round(time.perf_counter() - t, 3), 's')"
-  done
-  ls -R "$T" | head -20
-} > "$OUT/driver.txt" 2>&1
-cat "$OUT/driver.txt"
 python3 -m bench.ddp --nproc 0 --cprofile --out "$BO" \
   --runs stock_cold,stock_warm_local,stock_remote_fill,stock_remote_new,compileq_cold,compileq_new \
   > "$OUT/ddp.txt" 2>&1

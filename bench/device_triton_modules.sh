@@ -6,6 +6,11 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 REPS=${1:-2}
+# The device sets PYTHONDONTWRITEBYTECODE=1 and its torch ships no bytecode: every process would
+# compile ~2,200 of torch's sources again (docs/BENCHMARKS.md). Written once here, before any
+# measured run, for stock and compileq alike, as on a machine whose install wrote it.
+unset PYTHONDONTWRITEBYTECODE
+python3 -c "import torch._inductor.compile_fx, torch._dynamo, torch._functorch.aot_autograd"
 export COMPILEQ_REDIS_URL=redis://127.0.0.1:6379/0 COMPILEQ_SECRET=device-secret-0123456789abcdef
 {
   echo "== Python bytecode where torch is installed"
@@ -43,14 +48,6 @@ print({k: v for k, v in c.items() if k.startswith('triton_module')})"
 } > "$OUT/driver.txt" 2>&1
 cat "$OUT/driver.txt"
 redis-cli flushall >/dev/null
-# Where the device's site-packages holds no bytecode it can use, every process compiles
-# ~2,200 of torch's sources again (cProfile, 2026-11-25): bytecode under a prefix, built once
-# before any measured run, for stock and compileq alike, as on a machine whose install wrote it.
-if [ -n "${PYC_PREFIX:-}" ]; then
-  export PYTHONPYCACHEPREFIX=$PYC_PREFIX
-  T=$(python3 -c "import os, torch, triton; print(os.path.dirname(torch.__file__), os.path.dirname(triton.__file__))")
-  ( time python3 -m compileall -q -j 16 $T /tmp/site src >/dev/null 2>&1 ) 2>&1 | tail -3 >> "$OUT/driver.txt"
-fi
 BO=$(mktemp -d)
 python3 -m bench.ddp --nproc 0 --reps "$REPS" --out "$BO" \
   --runs stock_cold,stock_warm_local,stock_remote_fill,stock_remote_new,compileq_cold,compileq_new \
