@@ -46,6 +46,18 @@ TRAIN = (
 # two other nodes, whose /tmp (Inductor's and Triton's caches) never saw the model.
 TRAIN_ELSEWHERE = TRAIN.replace("--gpus-per-node 0", "--gpus-per-node 0 --exclude c2,c3")
 STOP_POOL = "scancel --name compileq-workers-cpu"
+#: A pool's stop this slow gets its worker's threads dumped into the job's output.
+SLOW_STOP_S = 12
+DUMP_WORKER_THREADS = (
+    "import os\n"
+    "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
+    "    try:\n"
+    "        argv = open(f'/proc/{pid}/cmdline', 'rb').read()\n"
+    "    except OSError:\n"
+    "        continue\n"
+    "    if b'compileq.workers.process' in argv:\n"
+    "        os.kill(int(pid), 12)  # SIGUSR2\n"
+)
 # As root on the controller (jobcomp/filetxt's records; docker/slurm/slurm.conf says why).
 SACCT = "sacct --completion --format=JobID,JobName,NodeList,State,ExitCode --parsable2 --noheader"
 
@@ -81,6 +93,16 @@ class Cluster:
         proc = self.shell(script, user=user, timeout=timeout)
         assert proc.returncode == 0, f"{script}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
         return proc.stdout
+
+    def node(self, host: str, python: str) -> subprocess.CompletedProcess[str]:
+        """``python`` run as root on node ``host`` (its container), by compileq's Python."""
+        container = self.compose("ps", "-q", host).stdout.strip()
+        return subprocess.run(
+            ["docker", "exec", container, "/opt/compileq/bin/python", "-c", python],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     def output(self, job: str) -> str:
         """The job's slurm-<id>.out, written where it was submitted (the shared home)."""
@@ -178,7 +200,16 @@ def observed(cluster: Cluster) -> Observed:
     second = _train(cluster, TRAIN_ELSEWHERE)
     after_second = cluster.stats()
     stopping = time.monotonic()
-    cluster.ok(f"{STOP_POOL}\nwhile squeue --noheader --jobs {pool} | grep -q .; do sleep 1; done")
+    cluster.ok(STOP_POOL)
+    dumped = False
+    while cluster.shell(f"squeue --noheader --jobs {pool}").stdout.strip():
+        if not dumped and time.monotonic() - stopping > SLOW_STOP_S:
+            # A stop this slow fails the check below: the worker's threads, in its log, say where
+            # it is stuck (process.py registers SIGUSR2 with faulthandler).
+            for host in pool_hosts:
+                cluster.node(host, DUMP_WORKER_THREADS)
+            dumped = True
+        time.sleep(1)
     stop_s = time.monotonic() - stopping
     records = [line.split("|") for line in cluster.ok(SACCT, user="root").splitlines()]
     sacct = {r[0]: (r[1], r[2], r[3], r[4]) for r in records}

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -154,12 +156,21 @@ def test_a_stopped_worker_withdraws_its_heartbeat(
     assert all(liveness.live_count(client, q, 3, SECRET.encode()) == 1 for q in queues)
     (info,) = liveness.workers_info(client)
     assert info["cpu_only"] is True and set(info["queues"]) == queues
+    # SIGUSR2 writes the worker process's threads to its log (faulthandler), the heartbeat's too.
+    pid = int(re.search(r"started cpu \(pid (\d+)\)", worker.log.read_text())[1])  # type: ignore[index]
+    os.kill(pid, signal.SIGUSR2)
+    deadline = time.monotonic() + 10
+    while "heartbeat.py" not in worker.log.read_text():
+        assert time.monotonic() < deadline, worker.log.read_text()[-3000:]
+        time.sleep(0.2)
     stop_worker(worker)
     deadline = time.monotonic() + 10
     while any(liveness.live_count(client, q, 3, SECRET.encode()) for q in queues):
         assert time.monotonic() < deadline
         time.sleep(0.2)
     assert liveness.workers_info(client) == []
+    log = worker.log.read_text()
+    assert "heartbeat withdrawn" in log and "not serialised" not in log, log[-3000:]
 
 
 def test_a_worker_that_keeps_dying_is_restarted_with_growing_delays_and_never_given_up() -> None:

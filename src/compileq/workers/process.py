@@ -7,9 +7,11 @@ it sees exactly one GPU (or none with ``--cpu-only``) before anything touches CU
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import functools
 import gc
 import os
+import signal
 import socket
 import sys
 from typing import TYPE_CHECKING, Any
@@ -74,6 +76,11 @@ def _ready_line(times: Laps) -> str:
 def main(argv: list[str] | None = None) -> int:
     # Where a slow start goes (imports, fingerprints, probes, the fork check), in every log.
     times = Laps()
+    # `kill -USR2` writes every thread's stack to the worker's log (stderr), in this process and
+    # in its pool processes, which inherit it. faulthandler writes from C, without the logging
+    # locks or the GIL-held Python code a stuck process may be stuck in; Celery's own SIGUSR1
+    # dump goes through logging and its signal handler, which a hung shutdown can block.
+    faulthandler.register(signal.SIGUSR2, all_threads=True)
     parser = argparse.ArgumentParser(prog="compileq-worker-process")
     parser.add_argument("--name", required=True)
     parser.add_argument("--targets", required=True, help="comma list, e.g. cuda-90-w32")
@@ -99,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     from compileq.tasks import app, triton_queue
     from compileq.tasks.queues import fx_queue
-    from compileq.workers import execute
+    from compileq.workers import execute, shutdown
     from compileq.workers.fx_slots import FxSlots
     from compileq.workers.heartbeat import Heartbeat
     from compileq.workers.late_fx import LateFxQueues
@@ -210,6 +217,10 @@ def main(argv: list[str] | None = None) -> int:
         heartbeat.start()
         log.info("compileq worker %s: %s", args.name, _ready_line(times))
         late_queues.start(sender)
+        # Celery's shutdown handlers are installed by now (its start-up, before the consumer):
+        # a second SIGTERM inside the first one's handling would deadlock it (workers.shutdown).
+        if not shutdown.serialise():
+            log.warning("compileq worker: shutdown signals not serialised (not the main thread)")
 
     signals.worker_ready.connect(ready, weak=False)
     # Withdrawn when shutdown *starts* (SIGTERM: a Slurm job ending, a pod evicted), before the
