@@ -84,7 +84,6 @@ def prime_codegen() -> None:
         # The C++ compile command: imports torch.utils.cpp_extension (setuptools) and caches
         # the include paths every C++ kernel's command line needs.
         cpp_builder.CppTorchOptions()
-        import sympy.physics.units  # noqa: F401  # sympy's simplify() imports it at first use
     except Exception as e:  # an Inductor without one of these: its first graph imports them
         log.debug("compileq: Inductor's code generators not imported before the fork: %s", e)
     for name in _FIRST_GRAPH_MODULES:
@@ -109,6 +108,7 @@ _FIRST_GRAPH_MODULES = (
     "torch._inductor.hooks",
     "torch._inductor.kernel_template_choice",
     "torch.fx.experimental.validator",
+    "sympy.physics.units",  # sympy's simplify() imports it at its first call
 )
 
 
