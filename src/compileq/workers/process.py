@@ -63,9 +63,9 @@ def prime_codegen() -> None:
     """Import what a pool process's first graph would import, once, before the fork.
 
     Inductor imports its code generators lazily, at the first graph of a process: on the CPU
-    machine a fresh pool process's first codegen imported 159 modules, and took 0.7-0.9 s
-    longer than the same pool process's next graphs of the same model at another width
-    (docs/BENCHMARKS.md, fresh pool processes). With a job's own workers (Slurm's
+    machine a fresh pool process's first codegen imported 159 modules, and its forward took
+    0.5-0.9 s longer than the same pool process's next forwards of the same model at other
+    widths; 0.3-0.5 s with these imported first (docs/BENCHMARKS.md, fresh pool processes). With a job's own workers (Slurm's
     train.sbatch) every graph of a cold job lands on a fresh pool process. Imported here, every
     pool process inherits them, in memory it shares with the others. Each is a plain import or
     registration that asks nothing of CUDA (the fork check after this would say so).

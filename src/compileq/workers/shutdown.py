@@ -30,6 +30,13 @@ Handler = Callable[[int, FrameType | None], Any]
 #: Celery's warm (TERM, first INT) and cold (QUIT, second INT) shutdown signals.
 SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 
+#: Set on the handlers a Serialiser made (``__wrapped__`` alone could be any decorator's).
+_MARK = "_compileq_serialised"
+
+
+def is_serialised(handler: object) -> bool:
+    return getattr(handler, _MARK, False) is True
+
 
 class Serialiser:
     """Runs the wrapped handlers one at a time: a nested call waits in a queue."""
@@ -58,6 +65,7 @@ class Serialiser:
                 self.wrap(queued)(queued_signum, None)
 
         serialised.__wrapped__ = handler  # type: ignore[attr-defined]
+        setattr(serialised, _MARK, True)
         return serialised
 
     def _call(self, handler: Handler, signum: int, frame: FrameType | None) -> None:
@@ -65,7 +73,7 @@ class Serialiser:
         # Celery's first SIGINT installs the cold-shutdown handler for the next one: keep that
         # one serialised too.
         now = signal.getsignal(signum)
-        if callable(now) and getattr(now, "__wrapped__", None) is None:
+        if callable(now) and not is_serialised(now):
             signal.signal(signum, self.wrap(now))
 
 
@@ -78,6 +86,6 @@ def serialise(*signums: int) -> bool:
     serialiser = Serialiser()
     for signum in signums or SHUTDOWN_SIGNALS:
         handler = signal.getsignal(signum)
-        if callable(handler) and getattr(handler, "__wrapped__", None) is None:
+        if callable(handler) and not is_serialised(handler):
             signal.signal(signum, serialiser.wrap(handler))
     return True
