@@ -12,6 +12,7 @@ import sys
 import time
 from multiprocessing.synchronize import Event
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -197,17 +198,22 @@ print(json.dumps({"parent": triton_key.cache_info().currsize,
 """
 
 
-def test_a_worker_computes_tritons_key_before_forking_its_pool_processes(tmp_path: Path) -> None:
-    pytest.importorskip("triton")
+def _last_json_line(script: str, **env: str) -> Any:
+    """``script`` run by a fresh Python (a worker's preload, then a fork): its last line, JSON."""
     out = subprocess.run(
-        [sys.executable, "-c", _PRELOAD],
-        env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)},
+        [sys.executable, "-c", script],
+        env={**os.environ, **env},
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    seen = json.loads(out.stdout.splitlines()[-1])
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def test_a_worker_computes_tritons_key_before_forking_its_pool_processes(tmp_path: Path) -> None:
+    pytest.importorskip("triton")
+    seen = _last_json_line(_PRELOAD, XDG_CACHE_HOME=str(tmp_path))
     assert seen == {"parent": 1, "child_misses": 1}  # the parent's one miss, none in the child
 
 
@@ -246,16 +252,8 @@ def test_a_pool_processs_first_graph_finds_inductors_code_generators_imported(
     tmp_path: Path,
 ) -> None:
     # Imported in the worker's main process before Celery forks (process.prime_codegen): a
-    # fresh pool process's first graph took 0.3-0.4 s less on the CPU machine.
-    out = subprocess.run(
-        [sys.executable, "-c", _FIRST_GRAPH],
-        env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    imported = json.loads(out.stdout.splitlines()[-1])
+    # fresh pool process's first forward took about 0.3 s less on the CPU machine.
+    imported = _last_json_line(_FIRST_GRAPH, TORCHINDUCTOR_CACHE_DIR=str(tmp_path))
     # Only the graph's own generated modules (torch._inductor.runtime.compile_tasks.<hash>)
     # may be new; no code generator or C++ build helper.
     assert [m for m in imported if "compile_tasks" not in m] == [], imported
