@@ -203,6 +203,8 @@ def observed(cluster: Cluster) -> Observed:
     cluster.ok(STOP_POOL)
     dumped = False
     while cluster.shell(f"squeue --noheader --jobs {pool}").stdout.strip():
+        if time.monotonic() - stopping > 300:
+            pytest.fail(f"the pool never stopped:\n{cluster.output(pool)[-4000:]}")
         if not dumped and time.monotonic() - stopping > SLOW_STOP_S:
             # A stop this slow fails the check below: the worker's threads, in its log, say where
             # it is stuck (process.py registers SIGUSR2 with faulthandler).
