@@ -184,7 +184,7 @@ def test_a_worker_that_keeps_dying_is_restarted_with_growing_delays_and_never_gi
 
 _PRELOAD = """
 import json, os
-from compileq.workers.process import preload
+from compileq.workers.prefork import preload
 preload(cpu_only=True)
 from triton.runtime.cache import triton_key
 read, write = os.pipe()
@@ -232,7 +232,7 @@ def test_the_full_collections_during_a_codegen_are_counted_for_its_log_line() ->
 _FIRST_GRAPH = """
 import json, os, sys
 os.environ["TORCHINDUCTOR_FORCE_DISABLE_CACHES"] = "1"
-from compileq.workers.process import preload
+from compileq.workers.prefork import preload
 preload(cpu_only=True)
 import torch
 read, write = os.pipe()
@@ -251,7 +251,7 @@ print(os.read(read, 100000).decode())
 def test_a_pool_processs_first_graph_finds_inductors_code_generators_imported(
     tmp_path: Path,
 ) -> None:
-    # Imported in the worker's main process before Celery forks (process.prime_codegen): a
+    # Imported in the worker's main process before Celery forks (prefork.prime_codegen): a
     # fresh pool process's first forward took about 0.3 s less on the CPU machine.
     imported = _last_json_line(_FIRST_GRAPH, TORCHINDUCTOR_CACHE_DIR=str(tmp_path))
     # Only the graph's own generated modules (torch._inductor.runtime.compile_tasks.<hash>)

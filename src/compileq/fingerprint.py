@@ -288,7 +288,6 @@ def _seed_triton_compat(value: str) -> None:
         return value
 
     triton_key._compileq_seeded = True  # type: ignore[attr-defined]
-    triton_key.__wrapped__ = current  # type: ignore[attr-defined]
     triton_compat.triton_key = triton_key
 
 
