@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench.autotune import autotune_tables, compare_picks
 from bench.capacity import UNCLASSIFIED, classify, unit_of
 from bench.report import merge_runs
 
@@ -162,3 +163,41 @@ def test_capacity_measures_real_kernels_in_redis_and_a_new_machine_reading_them(
     assert "brpop" not in start["commands_by_name"] and rank["round_trips"] > 0
     assert result["workloads"][0]["projection"]["rank_starts"] == 8000
     assert "| kernels:gpt_head |" in (out / "capacity.md").read_text()
+
+
+#: Inductor's AUTOTUNE tables as a client prints them, and as a worker's pool processes log
+#: them (two graphs autotuning at once: their lines interleave).
+AUTOTUNE_LOG = """AUTOTUNE mm(64x256, 256x512)
+strides: [256, 1], [1, 256]
+dtypes: torch.bfloat16, torch.bfloat16
+  triton_mm_4 0.0061 ms 100.0% ACC_TYPE='tl.float32', BLOCK_M=32, num_stages=5, num_warps=2
+  mm 0.0070 ms 87.1%
+  triton_mm_1 0.0080 ms 76.0% ACC_TYPE='tl.float32', BLOCK_M=64, num_stages=2, num_warps=4
+SingleProcess AUTOTUNE benchmarking takes 0.3053 seconds and 1.2000 seconds precompiling for 3 choices
+[2026-11-25 17:00:00,000: WARNING/ForkPoolWorker-2] AUTOTUNE mm(64x256, 256x512)
+[2026-11-25 17:00:00,000: WARNING/ForkPoolWorker-3] AUTOTUNE addmm(64x512, 64x256, 256x512)
+[2026-11-25 17:00:00,000: WARNING/ForkPoolWorker-2]   triton_mm_9 0.0062 ms 100.0% ACC_TYPE='tl.float32', BLOCK_M=64, num_stages=2, num_warps=4
+[2026-11-25 17:00:00,000: WARNING/ForkPoolWorker-3]   mm 0.0062 ms 100.0%
+[2026-11-25 17:00:00,000: WARNING/ForkPoolWorker-2] SingleProcess AUTOTUNE benchmarking takes 0.1 seconds and 0.2 seconds precompiling for 3 choices
+[2026-11-25 17:00:00,000: WARNING/ForkPoolWorker-3] SingleProcess AUTOTUNE benchmarking takes 0.1 seconds and 0.4 seconds precompiling for 3 choices
+"""
+
+
+def test_autotune_tables_are_read_per_process_and_a_differing_pick_is_timed_by_stocks_table() -> (
+    None
+):
+    stock, worker, other = autotune_tables(AUTOTUNE_LOG)
+    assert (stock["op"], stock["bench_s"], stock["precompile_s"]) == (
+        "mm(64x256, 256x512)",
+        0.3053,
+        1.2,
+    )
+    assert stock["pick"] == "ACC_TYPE='tl.float32', BLOCK_M=32, num_stages=5, num_warps=2"
+    assert (other["op"], other["pick"], other["precompile_s"]) == (
+        "addmm(64x512, 64x256, 256x512)",
+        "mm",
+        0.4,
+    )
+    picks = compare_picks([stock], [worker])
+    assert picks["same"] == 0
+    assert picks["different"][0]["this_vs_stock_best_in_stock_table"] == round(0.0080 / 0.0061, 3)

@@ -160,6 +160,13 @@ class Settings(BaseSettings):
         "modules, from Redis.",
     )
 
+    tune_on_workers: bool = Field(
+        True,
+        description="max-autotune: store Triton candidates' timings for the cluster, and have a "
+        "process that generates its own graphs send the candidates to GPU workers of its GPU "
+        "model (see scheduler/tuning.py).",
+    )
+
     fx: bool = Field(
         False,
         description="Generate FX graphs' code on workers (`compileq run` turns it on; see --no-fx).",

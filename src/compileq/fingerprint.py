@@ -291,6 +291,23 @@ def _seed_triton_compat(value: str) -> None:
     triton_compat.triton_key = triton_key
 
 
+def use_torch_ptxas() -> None:
+    """Point Triton at torch's bundled ptxas now, as Inductor does before every build.
+
+    Inductor writes a ``backend_hash`` into every Triton kernel's source: a hash of Triton's key
+    and the ptxas version Triton reports, cached at the process's first graph. A worker has
+    pointed Triton at torch's ptxas before it generates anything (its toolchain asks
+    :func:`assembler_version`); a client had not, so on the H100 the same graph generated in a
+    client and on a worker gave every kernel two sources, two keys, and nothing shared. Called
+    at install, before the first graph. Never raises."""
+    try:
+        from torch._inductor.runtime.compile_tasks import _set_triton_ptxas_path
+
+        _set_triton_ptxas_path()
+    except Exception:
+        log.debug("compileq: Triton not pointed at torch's ptxas", exc_info=True)
+
+
 def assembler_version(target: Target) -> str:
     """The version of the assembler a build for ``target`` runs now (ptxas for CUDA).
 

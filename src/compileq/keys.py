@@ -57,6 +57,8 @@ BROKER_SENTINEL = f"{BROKER}sentinel:"
 
 #: Celery queues: ``compileq.triton.<toolchain digest>.<target>``.
 QUEUE_PREFIX = "compileq.triton."
+#: Celery queues for timing autotuning candidates: ``compileq.tune.<toolchain digest>.<GPU model>``.
+TUNE_QUEUE_PREFIX = "compileq.tune."
 #: Celery queues for graph codegen: ``compileq.fx.<FX toolchain digest>.<FX target>``.
 FX_QUEUE_PREFIX = "compileq.fx."
 

@@ -17,6 +17,11 @@ class Counter(str, enum.Enum):
     KERNEL_REMOTE_COMPILES = "kernel_remote_compiles"
     KERNEL_LOCAL_COMPILES = "kernel_local_compiles"
     KERNEL_REMOTE_FAILURES = "kernel_remote_failures"
+    #: max-autotune candidates: timings found in the store, timed by GPU workers, and timed in
+    #: the compiling process because no worker could (scheduler/tuning.py).
+    TUNE_HITS = "tune_hits"
+    TUNE_REMOTE = "tune_remote"
+    TUNE_LOCAL = "tune_local"
     FX_HITS = "fx_hits"
     FX_MISSES = "fx_misses"
     FX_REMOTE_COMPILES = "fx_remote_compiles"

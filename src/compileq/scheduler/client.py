@@ -144,6 +144,11 @@ class KernelClient:
         """Enqueue task ``name`` for ``key`` (also its task id, so duplicates collapse)."""
         self._app.send_task(name, args=[key], queue=queue, task_id=key)
 
+    @property
+    def in_worker(self) -> bool:
+        """Whether this client runs inside a worker's FX codegen (a pool process)."""
+        return self._on_worker is not None
+
     def redis_down(self) -> bool:
         """Whether Redis failed recently: everything compiles locally until ``retry_after_s``."""
         return time.monotonic() < self._down_until

@@ -14,7 +14,7 @@ from compileq._log import log, warn_once
 from compileq.cache.counters import Counter
 from compileq.config import Settings, get_settings
 from compileq.errors import ConfigError
-from compileq.scheduler import boundary, fx_remote, speculative
+from compileq.scheduler import boundary, fx_remote, speculative, tuning
 from compileq.scheduler.client import KernelClient
 from compileq.scheduler.local import LocalBuilder
 from compileq.scheduler.pool import CompileqPool
@@ -130,6 +130,7 @@ def install(
         # Inductor's torch_key and triton_key from compileq's on-disk memo: the first compile
         # does not hash torch's and Triton's files again.
         fingerprint.seed_inductor_keys()
+        fingerprint.use_torch_ptxas()
         if settings.gc_window and on_worker is None:
             from compileq.scheduler import gc_window
 
@@ -138,6 +139,8 @@ def install(
             from compileq.scheduler import profiles
 
             profiles.enable(client.store)
+        if settings.tune_on_workers:
+            tuning.enable(client)
         if want_fx and on_worker is None:
             fx_remote.enable(client)
             if settings.speculate:
@@ -171,6 +174,7 @@ def uninstall() -> None:
         )
 
         gc_window.disable()
+        tuning.disable()
         triton_modules.disable()
         ddp_aot.disable()
         index_free.disable()

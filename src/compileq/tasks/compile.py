@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from compileq.tasks.app import COMPILE_FX, COMPILE_TRITON, app
+from compileq.tasks.app import COMPILE_FX, COMPILE_TRITON, TUNE_TRITON, app
 
 
 @app.task(name=COMPILE_TRITON, bind=True)  # type: ignore[untyped-decorator]
@@ -23,6 +23,14 @@ def compile_fx(self: Any, key: Any) -> str:
     from compileq.workers.fx import execute_compile_fx
 
     return _observed(self, "fx", execute_compile_fx, key)
+
+
+@app.task(name=TUNE_TRITON, bind=True)  # type: ignore[untyped-decorator]
+def tune_triton(self: Any, key: Any) -> str:
+    """Time the autotuning candidate whose signed job is stored under ``key`` on this GPU."""
+    from compileq.workers.tune import execute_tune_triton
+
+    return _observed(self, "tune", execute_tune_triton, key)
 
 
 def _observed(task: Any, kind: str, execute: Callable[[Any], str], key: Any) -> str:

@@ -39,6 +39,9 @@ class WorkerContext:
     #: The FX toolchains the main process found after the pool forked (workers.late_fx): a pool
     #: process finds them itself, once, when it first meets a target it does not know.
     late_fx: Callable[[], dict[str, FxToolchain]] | None = None
+    #: The model of the one GPU this worker is pinned to (it times autotuning candidates on
+    #: it, see workers/tune.py); None for a --cpu-only worker.
+    gpu_name: str | None = None
 
     def fx_toolchain(self, target: str) -> FxToolchain | None:
         if target not in self.fx_toolchains and self.late_fx is not None:

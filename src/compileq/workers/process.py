@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, required=True)
     parser.add_argument("--cpu-only", action="store_true")
     parser.add_argument("--gpu", default=None)
+    parser.add_argument("--gpu-name", default="", help="the GPU's model, as nvidia-smi names it")
     parser.add_argument("--loglevel", default="INFO")
     parser.add_argument("--metrics-port", type=int, default=None)
     args = parser.parse_args(argv)
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         local_toolchain,
     )
     from compileq.tasks import app, triton_queue
-    from compileq.tasks.queues import fx_queue
+    from compileq.tasks.queues import fx_queue, tune_queue
     from compileq.workers import execute, shutdown
     from compileq.workers.fx_slots import FxSlots
     from compileq.workers.heartbeat import Heartbeat
@@ -120,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     fx_toolchains = {fx_target(gpu, cpu=False): local_fx_toolchain(gpu) for gpu in fx_gpus}
     times.lap("gpu fx toolchains and fork check")
     queues += [fx_queue(tc, target) for target, tc in fx_toolchains.items()]
+    # Timing autotuning candidates needs the GPU in the pool processes, as GPU graphs do.
+    gpu_name = args.gpu_name if fx_gpus and args.gpu_name else None
+    if gpu_name:
+        queues += [tune_queue(toolchains[t], gpu_name) for t in targets]
     late_fx = functools.partial(cpu_fx_toolchains, fx_gpus)
     host = socket.gethostname()
     worker_id = f"{host}:{args.name}:{os.getpid()}"
@@ -132,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             worker_id,
             FxSlots(args.concurrency),
             late_fx=late_fx,
+            gpu_name=gpu_name,
         )
     )
     if args.metrics_port is not None:
@@ -144,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         "host": host,
         "name": args.name,
         "gpu": args.gpu,
+        "gpu_name": gpu_name,
         "cpu_only": args.cpu_only,
         "concurrency": args.concurrency,
         "queues": queues,

@@ -39,6 +39,8 @@ class ChildSpec:
     metrics_port: int | None = None
     #: The child's ``CUDA_VISIBLE_DEVICES`` (a GPU's UUID: see workers.gpus); none for --cpu-only.
     pin: str = ""
+    #: The GPU's model (``NVIDIA H100 80GB HBM3``): which autotuning queue the child serves.
+    gpu_name: str = ""
 
     def argv(self, loglevel: str) -> list[str]:
         argv = [
@@ -54,6 +56,8 @@ class ChildSpec:
             argv.append("--cpu-only")
         if self.gpu is not None:
             argv.append(f"--gpu={self.gpu}")
+        if self.gpu_name:
+            argv.append(f"--gpu-name={self.gpu_name}")
         if self.metrics_port is not None:
             argv.append(f"--metrics-port={self.metrics_port}")
         return argv
@@ -86,7 +90,15 @@ def plan(
     chosen = select_gpus(gpus or "all", probe_gpus())
     per_gpu = concurrency or max(1, cores // len(chosen))
     return [
-        ChildSpec(f"gpu{g.index}", (g.target,), per_gpu, False, g.index, pin=g.visible_devices)
+        ChildSpec(
+            f"gpu{g.index}",
+            (g.target,),
+            per_gpu,
+            False,
+            g.index,
+            pin=g.visible_devices,
+            gpu_name=g.name,
+        )
         for g in chosen
     ]
 

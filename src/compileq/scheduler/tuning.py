@@ -1,0 +1,369 @@
+"""max-autotune's candidate timings: taken once per cluster, and shared through the store.
+
+With ``mode="max-autotune"`` Inductor writes every candidate config of a GEMM (or other Triton
+template) as a module, precompiles them all (through the Triton pool: compileq's workers), then
+times them one after another in the compiling process and keeps the fastest. Stock times each
+candidate in every process that meets the GEMM, and on a machine whose Triton cache lacks the
+candidates (any process whose kernels a worker built) compiles each one again first, in turn.
+
+Every timing is stored under the candidate's content key (``tasks/tune_jobs.py``: source,
+sizes, config, GPU model, toolchain), so every later rank, job or machine with that GPU model
+finds it and times nothing. What the store lacks is timed:
+
+- in a client (the training process generating a graph itself), by the GPU workers of its GPU
+  model: sent to their tune queue, where each worker takes some, timing on its own GPU (taking
+  turns with the other workers on that GPU). A lease makes ranks meeting the same GEMM at once
+  wait for one timing instead of taking their own;
+- in a worker's graph codegen, in that process, as stock does, and then stored: its siblings
+  built every candidate into its Triton cache, and on the H100 timing 120 candidates there
+  took 1.9 s against 9.5 s for sending them to two workers sharing that GPU
+  (docs/BENCHMARKS.md, "max-autotune").
+
+Inductor's choice stays Inductor's: compileq only supplies timings, and ATen's candidates (and
+anything compileq cannot send: inputs Inductor generates itself, collectives, no live worker
+of this GPU model, Redis down, a deadline passed) are timed here exactly as stock does; only
+Triton candidates' timings are stored.
+Timings from another GPU of the same model compare as stock's own autotuning subprocess does
+(``autotune_in_subproc``), which also times Triton candidates in another process.
+
+Hooked: ``AlgorithmSelectorCache.benchmark_in_current_process`` and
+``autotune_process.benchmark_in_sub_process``, the two ways Inductor 2.11 to 2.13 times
+candidates (``make_benchmark_fn``); both take the candidates and return ``{choice: ms}``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from compileq import keys
+from compileq._log import warn_once
+from compileq.cache.counters import Counter
+from compileq.errors import EntryTooLarge
+from compileq.scheduler import boundary, import_hooks, leases
+from compileq.scheduler.client import KernelClient
+from compileq.tasks import device_index, events
+from compileq.tasks.app import TUNE_TRITON
+from compileq.tasks.queues import tune_queue
+from compileq.tasks.tune_jobs import TuneJob, timing_of, timing_payload
+
+_SELECT = "torch._inductor.select_algorithm"
+#: Pending timings are re-read this often, under the pub/sub announcements.
+_POLL_S = 0.5
+
+_client: KernelClient | None = None
+#: What was patched: (AlgorithmSelectorCache's own benchmark_in_current_process, autotune_process's
+#: benchmark_in_sub_process), to put back on disable().
+_saved: tuple[Any, Callable[..., Any]] | None = None
+
+
+@dataclass
+class Tuned:
+    """What the cluster answered for one GEMM's candidates."""
+
+    #: Timings found in the store or taken by GPU workers just now.
+    timings: dict[Any, float] = field(default_factory=dict)
+    #: Inside a worker's codegen: the keys of the candidates it times itself, to store.
+    share: dict[Any, str] = field(default_factory=dict)
+
+
+def timed_remotely(
+    client: KernelClient, choices: Sequence[Any], gpu: str | None = None
+) -> dict[Any, float]:
+    """The timings of those ``choices`` that the cluster has or GPU workers took; the rest are
+    left to the caller. ``gpu``: the model to time on (default: the candidates' own GPU's)."""
+    return tune(client, choices, gpu).timings
+
+
+def tune(client: KernelClient, choices: Sequence[Any], gpu: str | None = None) -> Tuned:
+    """Never raises for compileq's own reasons: anything not answered is timed by the caller."""
+    try:
+        return _tune(client, choices, gpu)
+    except Exception as e:  # the one rule: time them here instead
+        boundary.internal_error("autotuning on workers", e)
+        return Tuned()
+
+
+def _tune(client: KernelClient, choices: Sequence[Any], gpu: str | None) -> Tuned:
+    if client.redis_down():
+        return Tuned()
+    jobs = {c: job for c in choices if (job := job_of(c, gpu)) is not None}
+    if not jobs:
+        return Tuned()
+    first = next(iter(jobs.values()))
+    target = first.target
+    assert target is not None  # job_of checked it
+    toolchain = client.router.toolchain(target)
+    queue = tune_queue(toolchain, first.gpu)
+    store = client.store
+    keyed = {c: job.key(toolchain) for c, job in jobs.items()}
+    # A worker's codegen times what the store lacks itself, on its own GPU, and stores it: it
+    # has every candidate built in its Triton cache already (its siblings built them), and on
+    # the H100 timing 120 candidates there took 1.9 s against 9.5 s for sending them to two
+    # workers sharing that GPU (docs/BENCHMARKS.md). A client has neither: it sends them.
+    here = client.in_worker
+    try:
+        by_key = {keyed[c]: job for c, job in jobs.items()}
+        timings = _read(client, list(by_key))
+        hits = set(timings)
+        pending = {k: j for k, j in by_key.items() if k not in timings}
+        if pending and not here:
+            if client.router.has_worker(queue):
+                timings.update(_send_and_wait(client, pending, queue))
+            else:
+                warn_once(
+                    f"tune-no-worker:{queue}",
+                    "compileq: no live worker of GPU %r serves %s: autotuning times candidates "
+                    "in this process",
+                    first.gpu,
+                    queue,
+                )
+    except redis.RedisError as e:
+        client.redis_failed(e)
+        return Tuned()
+    out = {c: timings[k] for c, k in keyed.items() if k in timings}
+    found = sum(1 for k in keyed.values() if k in hits)
+    store.count({Counter.TUNE_HITS: found, Counter.TUNE_LOCAL: len(jobs) - len(out)})
+    share = {c: k for c, k in keyed.items() if k not in timings} if here else {}
+    return Tuned(out, share)
+
+
+def share(client: KernelClient, names: dict[Any, str], measured: dict[Any, float]) -> None:
+    """Store the timings this worker's codegen took of candidates the store lacked."""
+    try:
+        for choice, name in names.items():
+            if choice in measured:
+                client.store.put(name, timing_payload(float(measured[choice]), client.client_id))
+    except redis.RedisError as e:
+        client.redis_failed(e)
+    except Exception as e:
+        boundary.internal_error("storing autotuning timings", e)
+
+
+def job_of(choice: Any, gpu: str | None = None) -> TuneJob | None:
+    """The job that times ``choice`` on a worker; None for what stays here: anything but a
+    Triton template on a CUDA GPU. ``gpu``: the GPU model (default: asked of CUDA)."""
+    request: Any = getattr(choice, "bmreq", None)
+    if type(request).__name__ != "TritonGPUBenchmarkRequest":
+        return None
+    outputs = request.output_tensor_meta
+    device = (outputs[0] if isinstance(outputs, list) else outputs).device
+    if device.type != "cuda":
+        return None
+    with open(request.module_path) as f:
+        source = f.read()
+    portable = copy.copy(request)
+    # Written for cuda:0, where a pinned worker sees its one GPU: every index shares a timing.
+    source = device_index.normalise_kernel(source)
+    portable.module_path = portable.module_cache_key = ""
+    for name in ("input_tensor_meta", "output_tensor_meta"):
+        value = getattr(request, name)
+        metas = [_on_cuda0(m) for m in (value if isinstance(value, list) else [value])]
+        setattr(portable, name, metas if isinstance(value, list) else metas[0])
+    for name in ("_benchmark_module", "n_regs"):
+        portable.__dict__.pop(name, None)
+    if gpu is None:
+        import torch
+
+        gpu = torch.cuda.get_device_name(device)
+    job = TuneJob(request.kernel_name, source, portable, gpu)
+    return job if job.target is not None else None
+
+
+def _on_cuda0(meta: Any) -> Any:
+    import dataclasses
+
+    import torch
+
+    return dataclasses.replace(meta, device=torch.device("cuda", 0))
+
+
+def _read(client: KernelClient, names: list[str]) -> dict[str, float]:
+    found: dict[str, float] = {}
+    for name, entry in zip(names, client.store.get_many(names), strict=True):
+        if entry is not None and (ms := timing_of(entry.payload())) is not None:
+            found[name] = ms
+    return found
+
+
+def _send_and_wait(
+    client: KernelClient, pending: dict[str, TuneJob], queue: str
+) -> dict[str, float]:
+    store, settings = client.store, client.settings
+    deadline = time.monotonic() + settings.deadline_s
+    pubsub = store.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+    try:
+        # Subscribed before anything is sent: an announcement must not come before we listen.
+        pubsub.subscribe(keys.DONE_CHANNEL)
+        pubsub.get_message(timeout=settings.connect_timeout_s)
+        _send(client, pending, queue)
+        return _wait(client, pubsub, set(pending), deadline)
+    finally:
+        pubsub.close()
+
+
+def _send(client: KernelClient, pending: dict[str, TuneJob], queue: str) -> None:
+    """Enqueue the jobs whose lease this process takes; the others are being timed already
+    (another rank met the same GEMM) and are waited for alike."""
+    store, settings = client.store, client.settings
+    lease_ms = (int(settings.deadline_s) + 1) * 1000
+    stale = lambda n: store.count({Counter.STALE_LEASES: n})  # noqa: E731
+    names = list(pending)
+    taken = leases.take_many(store.client, names, client.client_id, lease_ms, stale)
+    ttl = settings.visibility_timeout_s * 2
+    for name, mine in zip(names, taken, strict=True):
+        if not mine:
+            continue
+        try:
+            sealed = store.seal(keys.job(name), pending[name].to_bytes())
+            store.client.set(keys.job(name), sealed, ex=ttl)
+            client.send_task(TUNE_TRITON, name, queue)
+        except redis.RedisError:
+            client.orphan_lease(name)
+            raise
+        except (EntryTooLarge, Exception) as e:  # kombu's own errors: the broker is gone
+            client.release_lease(name)
+            warn_once("tune-send", "compileq: cannot send an autotuning job (%s)", e)
+
+
+def _wait(
+    client: KernelClient, pubsub: Any, waiting: set[str], deadline: float
+) -> dict[str, float]:
+    found: dict[str, float] = {}
+    last_poll = time.monotonic()
+    while waiting:
+        now = time.monotonic()
+        if now >= deadline:
+            warn_once(
+                "tune-deadline",
+                "compileq: %d autotuning timings not back within %.0fs; timing them here",
+                len(waiting),
+                client.settings.deadline_s,
+            )
+            break
+        message = pubsub.get_message(timeout=min(_POLL_S, deadline - now))
+        done = (
+            events.parse(message["data"]) if message and message.get("type") == "message" else None
+        )
+        if done is not None and done.key in waiting and not done.ok:
+            waiting.discard(done.key)  # refused or lost by the worker: time it here
+            continue
+        if (done is not None and done.key in waiting) or time.monotonic() - last_poll >= _POLL_S:
+            last_poll = time.monotonic()
+            got = _read(client, sorted(waiting))
+            found.update(got)
+            waiting.difference_update(got)
+    return found
+
+
+# -- install ----------------------------------------------------------------------------------
+
+
+def enable(client: KernelClient) -> None:
+    """Send autotuning timings to GPU workers from now on (once select_algorithm is loaded)."""
+    global _client
+    _client = client
+    import_hooks.after_import(_SELECT, _activate)
+
+
+def _activate(module: Any) -> None:
+    global _saved
+    cls = getattr(module, "AlgorithmSelectorCache", None)
+    autotune_process: Any = sys.modules.get("torch._inductor.autotune_process")
+    if _client is None or _saved is not None or cls is None or autotune_process is None:
+        return
+    current = cls.__dict__.get("benchmark_in_current_process")
+    sub = getattr(autotune_process, "benchmark_in_sub_process", None)
+    if not isinstance(current, classmethod) or sub is None:
+        warn_once(
+            "tune-hooks",
+            "compileq: this torch times autotuning candidates differently; they stay in process",
+        )
+        return
+    _saved = (current, sub)
+    cls.benchmark_in_current_process = classmethod(_in_current_process(current.__func__))
+    autotune_process.benchmark_in_sub_process = _in_sub_process(sub)
+
+
+def _in_current_process(
+    original: Callable[..., dict[Any, float]],
+) -> Callable[..., dict[Any, float]]:
+    @functools.wraps(original)
+    def benchmark_in_current_process(
+        cls: Any,
+        choices: Sequence[Any],
+        input_nodes: Any,
+        layout: Any,
+        input_gen_fns: Any,
+        *args: Any,
+        **kwargs: Any,
+    ) -> dict[Any, float]:
+        # Inputs Inductor makes itself (indices that must stay in range) cannot be remade on a
+        # worker from sizes alone; a collective needs every rank in this very process.
+        client = _client
+        tuned = Tuned()
+        if client is not None and not input_gen_fns and not kwargs.get("is_collective"):
+            tuned = tune(client, choices)
+        rest = [c for c in choices if c not in tuned.timings]
+        timings = dict(tuned.timings)
+        if rest:
+            with _this_gpu(client):
+                measured = original(cls, rest, input_nodes, layout, input_gen_fns, *args, **kwargs)
+            timings.update(measured)
+            if client is not None and tuned.share:
+                share(client, tuned.share, measured)
+        return {c: timings[c] for c in choices if c in timings}
+
+    return benchmark_in_current_process
+
+
+def _this_gpu(client: KernelClient | None) -> contextlib.AbstractContextManager[None]:
+    """Inside a worker's codegen, the GPU's lock while timing here: the worker's siblings may
+    be timing candidates of other graphs on the same GPU (see workers/tune.py)."""
+    if client is None or not client.in_worker:
+        return contextlib.nullcontext()
+    from compileq.workers.tune import gpu_lock
+
+    return gpu_lock()
+
+
+def _in_sub_process(original: Callable[..., dict[Any, float]]) -> Callable[..., dict[Any, float]]:
+    @functools.wraps(original)
+    def benchmark_in_sub_process(
+        choices: Sequence[Any], *args: Any, **kwargs: Any
+    ) -> dict[Any, float]:
+        client = _client
+        tuned = tune(client, choices) if client is not None else Tuned()
+        rest = [c for c in choices if c not in tuned.timings]
+        timings = dict(tuned.timings)
+        if rest:
+            measured = original(rest, *args, **kwargs)
+            timings.update(measured)
+            if client is not None and tuned.share:
+                share(client, tuned.share, measured)
+        return timings
+
+    return benchmark_in_sub_process
+
+
+def disable() -> None:
+    global _client, _saved
+    _client = None
+    if _saved is not None:
+        module: Any = sys.modules[_SELECT]
+        module.AlgorithmSelectorCache.benchmark_in_current_process = _saved[0]
+        tuner: Any = sys.modules["torch._inductor.autotune_process"]
+        tuner.benchmark_in_sub_process = _saved[1]
+        _saved = None
+
+
+def active() -> bool:
+    return _saved is not None

@@ -1,0 +1,248 @@
+"""max-autotune's candidate timings on GPU workers: what a machine without a GPU can check.
+
+The timing itself needs a GPU (tests/test_gpu_tuning.py, on the device). Here: the content key
+of a candidate (shared by every GPU index, kernel name and graph; split by sizes, configs and
+GPU model), the wire, what a worker refuses, that a timing read from Redis is trusted only when
+signed, that a client with no GPU worker of its model times everything itself, and that
+install() hooks Inductor's two ways of timing candidates and uninstall() puts them back.
+Real Redis, a real worker, real Inductor request objects.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch._inductor.autotune_process import TensorMeta, TritonGPUBenchmarkRequest
+
+from compileq import keys
+from compileq.cache.store import RedisStore
+from compileq.config import Settings
+from compileq.fingerprint import Target, local_toolchain
+from compileq.scheduler import tuning
+from compileq.scheduler.pool import CompileqPool
+from compileq.tasks.tune_jobs import TuneJob, timing_of, timing_payload
+from compileq.workers import execute
+from compileq.workers.tune import execute_tune_triton
+from tests.conftest import Worker, manifest_rows
+
+H100 = "NVIDIA H100 80GB HBM3"
+ROOT = Path(__file__).resolve().parents[1]
+ROW = next(
+    r
+    for r in manifest_rows(ROOT / "bench/data/autotune_mlp.jsonl")
+    if "'BLOCK_M': 64" in r["source"]
+)
+TARGET = Target("cuda", "90", 32)
+
+
+class Choice:
+    """What Inductor's ``TritonTemplateCaller`` is to compileq: hashable, with a ``bmreq``."""
+
+    def __init__(self, bmreq: Any, name: str = "triton_mm") -> None:
+        self.bmreq, self.name = bmreq, name
+
+
+def candidate(
+    tmp: Path,
+    index: int = 0,
+    name: str = "triton_mm",
+    m: int = 512,
+    num_warps: int = 4,
+    tensor_name: str = "arg0_1",
+) -> Any:
+    """A template candidate as Inductor makes one: its module written to a file, its request."""
+    source = ROW["source"].replace("index=0", f"index={index}").replace("triton_mm", name)
+    path = tmp / f"{name}-{index}-{m}-{num_warps}-{tensor_name}.py"
+    path.write_text(source)
+
+    def meta(sizes: tuple[int, ...], strides: tuple[int, ...]) -> TensorMeta:
+        device = torch.device("cuda", index)
+        return TensorMeta(device, torch.bfloat16, sizes, strides, 0, tensor_name)
+
+    request = TritonGPUBenchmarkRequest(
+        kernel_name=name,
+        input_tensor_meta=[meta((m, 4096), (4096, 1)), meta((4096, 1024), (1, 4096))],
+        output_tensor_meta=meta((m, 1024), (1024, 1)),
+        extra_args=[],
+        module_path=str(path),
+        module_cache_key=f"key-{path.stem}",
+        num_stages=3,
+        num_warps=num_warps,
+    )
+    return Choice(request, name)
+
+
+def key_of(choice: Any, gpu: str = H100) -> str:
+    job = tuning.job_of(choice, gpu)
+    assert job is not None
+    return job.key(local_toolchain(TARGET))
+
+
+def test_a_candidate_has_one_key_on_every_gpu_index_under_any_kernel_or_tensor_name(
+    tmp_path: Path,
+) -> None:
+    first = key_of(candidate(tmp_path))
+    assert key_of(candidate(tmp_path, index=1)) == first
+    assert key_of(candidate(tmp_path, name="triton_tem_fused_mm_7")) == first
+    assert key_of(candidate(tmp_path, tensor_name="buf3")) == first
+
+
+def test_sizes_configs_and_the_gpu_model_each_make_another_key(tmp_path: Path) -> None:
+    first = key_of(candidate(tmp_path))
+    others = {
+        key_of(candidate(tmp_path, m=256)),
+        key_of(candidate(tmp_path, num_warps=8)),
+        key_of(candidate(tmp_path), gpu="NVIDIA A100-SXM4-80GB"),
+    }
+    assert first not in others and len(others) == 3
+
+
+def test_the_job_a_worker_opens_is_written_for_cuda0_with_no_path_of_the_client(
+    tmp_path: Path,
+) -> None:
+    job = tuning.job_of(candidate(tmp_path, index=1), H100)
+    assert job is not None
+    back = TuneJob.from_bytes(job.to_bytes())
+    toolchain = local_toolchain(TARGET)
+    assert back.key(toolchain) == job.key(toolchain)
+    assert "index=0" in back.source and "index=1" not in back.source
+    assert back.request.module_path == "" and back.request.module_cache_key == ""
+    metas = [*back.request.input_tensor_meta, back.request.output_tensor_meta]
+    assert {str(m.device) for m in metas} == {"cuda:0"}
+
+
+def test_anything_but_a_triton_template_on_a_cuda_gpu_stays_in_process(tmp_path: Path) -> None:
+    on_cpu = candidate(tmp_path)
+    on_cpu.bmreq.output_tensor_meta = TensorMeta(
+        torch.device("cpu"), torch.bfloat16, (512, 1024), (1024, 1), 0
+    )
+    assert tuning.job_of(on_cpu, H100) is None
+    assert tuning.job_of(Choice(None), H100) is None
+    assert tuning.job_of(object(), H100) is None
+
+
+def test_a_stored_timing_reads_back_and_a_failed_candidate_reads_as_infinitely_slow() -> None:
+    assert timing_of(timing_payload(0.0123, "w")) == 0.0123
+    assert timing_of(timing_payload(math.inf, "w", "OutOfResources")) == math.inf
+    for bad in (b"", b"[]", b'{"ms": -1}', b'{"ms": true}', b'{"ms": "1"}', b"\xff"):
+        assert timing_of(bad) is None, bad
+
+
+def test_a_timing_planted_in_redis_without_the_secret_is_not_believed(
+    installed: CompileqPool, clean_cache: Any, tmp_path: Path
+) -> None:
+    client = installed.client
+    name = key_of(candidate(tmp_path))
+    clean_cache.set(name, json.dumps({"ms": 0.0001}))
+    assert tuning._read(client, [name]) == {}
+    clean_cache.delete(name)
+    client.store.put(name, timing_payload(0.25, "a worker"))
+    assert tuning._read(client, [name]) == {name: 0.25}
+
+
+def test_with_no_gpu_worker_of_its_model_a_client_times_every_candidate_itself(
+    installed: CompileqPool, worker: Worker, clean_cache: Any, tmp_path: Path
+) -> None:
+    # The session's worker cross-compiles for sm_90 without a GPU: it serves no tune queue.
+    choices = [candidate(tmp_path), candidate(tmp_path, num_warps=8)]
+    assert tuning.timed_remotely(installed.client, choices, H100) == {}
+    client = installed.client.store.client
+    assert int(client.hget(keys.STATS, "tune_local") or 0) == 2
+    assert not list(client.scan_iter(match=keys.JOB + "*"))
+    assert not list(client.scan_iter(match=keys.LOCK + "*"))
+
+
+def test_a_workers_codegen_times_what_the_store_lacks_itself_and_stores_it_for_everyone(
+    settings: Settings, clean_cache: Any, tmp_path: Path
+) -> None:
+    from torch._inductor.async_compile import AsyncCompile
+
+    from compileq.scheduler.client import KernelClient
+    from compileq.scheduler.local import LocalBuilder
+
+    in_worker = KernelClient(settings, LocalBuilder(AsyncCompile.process_pool), on_worker=bool)
+    elsewhere = KernelClient(settings, LocalBuilder(AsyncCompile.process_pool))
+    try:
+        choices = [candidate(tmp_path), candidate(tmp_path, num_warps=8)]
+        # No GPU worker serves H100s here, yet nothing is sent: a worker's codegen times them.
+        tuned = tuning.tune(in_worker, choices, H100)
+        assert tuned.timings == {} and set(tuned.share) == set(choices)
+        assert not list(clean_cache.scan_iter(match=keys.JOB + "*"))
+        tuning.share(in_worker, tuned.share, {choices[0]: 0.0125, choices[1]: math.inf})
+        # Any other process (another rank, a client generating the same GEMM) finds both.
+        found = tuning.tune(elsewhere, choices, H100)
+        assert found.timings == {choices[0]: 0.0125, choices[1]: math.inf}
+        assert found.share == {}
+        assert int(clean_cache.hget(keys.STATS, "tune_hits") or 0) == 2
+    finally:
+        in_worker.close()
+        elsewhere.close()
+
+
+@pytest.fixture
+def gpu_context(settings: Settings, clean_cache: Any) -> Any:
+    """This process as a worker's pool process pinned to an H100 (timing nothing: the jobs
+    below are refused before anything is loaded)."""
+    import redis
+
+    store = RedisStore(redis.Redis.from_url(settings.redis_url), settings)
+    context = execute.WorkerContext(
+        settings, store, {TARGET: local_toolchain(TARGET)}, gpu_name=H100
+    )
+    saved = execute._context
+    execute.configure(context)
+    yield context
+    execute._context = saved
+
+
+def _send(context: Any, job: TuneJob, sealed: bool = True) -> str:
+    name = job.key(local_toolchain(TARGET))
+    store = context.store
+    blob = store.seal(keys.job(name), job.to_bytes()) if sealed else job.to_bytes()
+    store.client.set(keys.job(name), blob)
+    return name
+
+
+def test_a_worker_refuses_a_job_for_another_gpu_model(gpu_context: Any, tmp_path: Path) -> None:
+    job = tuning.job_of(candidate(tmp_path), "NVIDIA A100-SXM4-80GB")
+    assert job is not None
+    name = _send(gpu_context, job)
+    assert execute_tune_triton(name) == "rejected"
+    assert gpu_context.store.get_many([name]) == [None]
+
+
+def test_a_worker_refuses_an_unsigned_job_without_opening_it(
+    gpu_context: Any, tmp_path: Path
+) -> None:
+    job = tuning.job_of(candidate(tmp_path), H100)
+    assert job is not None
+    name = _send(gpu_context, job, sealed=False)
+    assert execute_tune_triton(name) == "rejected"
+    assert int(gpu_context.store.client.hget(keys.STATS, "integrity_failures") or 0) == 1
+
+
+def test_install_hooks_both_ways_inductor_times_candidates_and_uninstall_restores_them(
+    settings: Settings,
+) -> None:
+    from torch._inductor import autotune_process, select_algorithm
+
+    import compileq
+
+    cls = select_algorithm.AlgorithmSelectorCache
+    current = cls.__dict__["benchmark_in_current_process"]
+    sub = autotune_process.benchmark_in_sub_process
+    assert compileq.install(settings)
+    try:
+        assert tuning.active()
+        assert cls.__dict__["benchmark_in_current_process"] is not current
+        assert autotune_process.benchmark_in_sub_process is not sub
+    finally:
+        compileq.uninstall()
+    assert not tuning.active()
+    assert cls.__dict__["benchmark_in_current_process"] is current
+    assert autotune_process.benchmark_in_sub_process is sub
