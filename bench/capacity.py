@@ -66,6 +66,7 @@ UNITS = {
     "autotune": "graph",
     "fxcode": "graph",
     "triton": "Triton kernel",
+    "tune": "Triton kernel",
     "cpp": "C++ kernel",
 }
 #: The artifact kind that counts a unit: one FX-graph entry per distinct graph.
@@ -77,6 +78,7 @@ LABELS = {
     "autotune": "autotune results",
     "fxcode": "FX codegen a worker did",
     "triton": "Triton kernel",
+    "tune": "max-autotune candidate timing",
     "cpp": "C++ kernel (.so)",
     "isa": "vector-ISA probe verdict",
     "job": "job spec",

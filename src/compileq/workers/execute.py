@@ -6,6 +6,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import redis
 
@@ -76,16 +77,31 @@ def already_done(ctx: WorkerContext, key: object, kind: str) -> str | None:
     return None
 
 
-def execute_compile_triton(key: object) -> str:
+J = TypeVar("J")
+
+
+def admit(
+    key: object, kind: str, load: Callable[[WorkerContext, str], J]
+) -> tuple[WorkerContext, str, J] | str:
+    """``(context, key, job)`` for a task this worker must run, or the outcome of one it need
+    not (malformed, already stored, or a job it refuses: see ``already_done`` and ``reject``).
+    ``load`` opens and checks the job; it raises CompileqError or ValueError to refuse it."""
     ctx = context()
-    client = ctx.store.client
-    if (outcome := already_done(ctx, key, TRITON)) is not None:
+    if (outcome := already_done(ctx, key, kind)) is not None:
         return outcome
     assert isinstance(key, str)
     try:
-        job = _load_job(ctx, key)
+        return ctx, key, load(ctx, key)
     except (CompileqError, ValueError) as e:
         return reject(ctx, key, str(e))
+
+
+def execute_compile_triton(task_key: object) -> str:
+    admitted = admit(task_key, TRITON, _load_job)
+    if isinstance(admitted, str):
+        return admitted
+    ctx, key, job = admitted
+    client = ctx.store.client
 
     target = job.target
     assert target is not None  # _load_job checked it

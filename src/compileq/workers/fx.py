@@ -22,24 +22,20 @@ from compileq._laps import Laps
 from compileq._log import log
 from compileq.cache import meta
 from compileq.cache.counters import Counter
-from compileq.errors import CompileqError, ToolchainMismatch
+from compileq.errors import ToolchainMismatch
 from compileq.tasks.fx_jobs import CODEGEN_ENV, FX, CodegenState, FxJob
 from compileq.tasks.fx_wire import wire
-from compileq.workers.execute import WorkerContext, already_done, context, open_job, reject, settle
+from compileq.workers.execute import WorkerContext, admit, open_job, settle
 
 _installed_pid: int | None = None
 
 
-def execute_compile_fx(key: object) -> str:
-    ctx = context()
+def execute_compile_fx(task_key: object) -> str:
+    admitted = admit(task_key, FX, _load_job)
+    if isinstance(admitted, str):
+        return admitted
+    ctx, key, job = admitted
     client = ctx.store.client
-    if (outcome := already_done(ctx, key, FX)) is not None:
-        return outcome
-    assert isinstance(key, str)
-    try:
-        job = _load_job(ctx, key)
-    except (CompileqError, ValueError) as e:
-        return reject(ctx, key, str(e))
 
     started_at = time.time()
     laps = Laps()  # a pool process's first graph also pays its one-time set-up: logged

@@ -24,20 +24,16 @@ from collections.abc import Iterator
 
 from compileq._log import log
 from compileq.cache.counters import Counter
-from compileq.errors import CompileqError, ToolchainMismatch
+from compileq.errors import ToolchainMismatch
 from compileq.tasks.tune_jobs import KIND, TuneJob, timing_payload
-from compileq.workers.execute import WorkerContext, already_done, context, open_job, reject, settle
+from compileq.workers.execute import WorkerContext, admit, open_job, settle
 
 
-def execute_tune_triton(key: object) -> str:
-    ctx = context()
-    if (outcome := already_done(ctx, key, KIND)) is not None:
-        return outcome
-    assert isinstance(key, str)
-    try:
-        job = _load_job(ctx, key)
-    except (CompileqError, ValueError) as e:
-        return reject(ctx, key, str(e))
+def execute_tune_triton(task_key: object) -> str:
+    admitted = admit(task_key, KIND, _load_job)
+    if isinstance(admitted, str):
+        return admitted
+    ctx, key, job = admitted
     started = time.perf_counter()
     error: str | None = None
     try:
