@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import math
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -182,6 +184,60 @@ def test_a_workers_codegen_times_what_the_store_lacks_itself_and_stores_it_for_e
     finally:
         in_worker.close()
         elsewhere.close()
+
+
+@pytest.fixture
+def tune_worker_beating(settings: Settings, clean_cache: Any) -> Iterator[str]:
+    """A signed heartbeat of a worker serving the H100 tune queue, with no process behind it:
+    a worker that died after its last beat, or whose messages are lost."""
+    from compileq.tasks import liveness
+    from compileq.tasks.queues import tune_queue
+
+    queue = tune_queue(local_toolchain(TARGET), H100)
+    info = {"id": "gone", "queues": [queue]}
+    liveness.beat(clean_cache, "gone", [queue], 30.0, info, settings.secret_bytes())
+    yield queue
+    liveness.leave(clean_cache, "gone", [queue])
+
+
+def _client(settings: Settings, **more: Any) -> Any:
+    from torch._inductor.async_compile import AsyncCompile
+
+    from compileq.scheduler.client import KernelClient
+    from compileq.scheduler.local import LocalBuilder
+
+    changed = settings.model_copy(update=more)
+    return KernelClient(changed, LocalBuilder(AsyncCompile.process_pool))
+
+
+def test_a_client_waits_no_longer_than_its_deadline_for_a_worker_that_never_answers(
+    settings: Settings, tune_worker_beating: str, tmp_path: Path
+) -> None:
+    client = _client(settings, deadline_s=2.0)
+    try:
+        started = time.monotonic()
+        assert tuning.timed_remotely(client, [candidate(tmp_path)], H100) == {}
+        assert 2.0 <= time.monotonic() - started < 15
+        assert int(client.store.client.hget(keys.STATS, "tune_local") or 0) == 1
+    finally:
+        client.close()
+
+
+def test_a_client_whose_broker_is_down_times_candidates_itself_without_waiting(
+    settings: Settings, tune_worker_beating: str, tmp_path: Path
+) -> None:
+    from compileq.localstack import free_port
+
+    down = f"redis://127.0.0.1:{free_port()}/0"
+    client = _client(settings, deadline_s=60.0, broker_url=down)
+    try:
+        started = time.monotonic()
+        choices = [candidate(tmp_path), candidate(tmp_path, num_warps=8)]
+        assert tuning.timed_remotely(client, choices, H100) == {}
+        assert time.monotonic() - started < 30  # kombu's publish retries, not the deadline
+        assert not list(client.store.client.scan_iter(match=keys.LOCK + "*"))
+    finally:
+        client.close()
 
 
 @pytest.fixture

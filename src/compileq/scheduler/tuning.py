@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import sys
 import time
@@ -47,7 +48,6 @@ import redis
 from compileq import keys
 from compileq._log import warn_once
 from compileq.cache.counters import Counter
-from compileq.errors import EntryTooLarge
 from compileq.scheduler import boundary, import_hooks, leases
 from compileq.scheduler.client import KernelClient
 from compileq.tasks import device_index, events
@@ -179,8 +179,6 @@ def job_of(choice: Any, gpu: str | None = None) -> TuneJob | None:
 
 
 def _on_cuda0(meta: Any) -> Any:
-    import dataclasses
-
     import torch
 
     return dataclasses.replace(meta, device=torch.device("cuda", 0))
@@ -204,23 +202,29 @@ def _send_and_wait(
         # Subscribed before anything is sent: an announcement must not come before we listen.
         pubsub.subscribe(keys.DONE_CHANNEL)
         pubsub.get_message(timeout=settings.connect_timeout_s)
-        _send(client, pending, queue)
-        return _wait(client, pubsub, set(pending), deadline)
+        unsent = _send(client, pending, queue)
+        return _wait(client, pubsub, set(pending) - unsent, deadline)
     finally:
         pubsub.close()
 
 
-def _send(client: KernelClient, pending: dict[str, TuneJob], queue: str) -> None:
+def _send(client: KernelClient, pending: dict[str, TuneJob], queue: str) -> set[str]:
     """Enqueue the jobs whose lease this process takes; the others are being timed already
-    (another rank met the same GEMM) and are waited for alike."""
+    (another rank met the same GEMM) and are waited for alike. Returns the ones that could not
+    be sent (the broker is unreachable): nobody will time those, so nobody waits for them."""
     store, settings = client.store, client.settings
     lease_ms = (int(settings.deadline_s) + 1) * 1000
     stale = lambda n: store.count({Counter.STALE_LEASES: n})  # noqa: E731
     names = list(pending)
     taken = leases.take_many(store.client, names, client.client_id, lease_ms, stale)
     ttl = settings.visibility_timeout_s * 2
+    unsent: set[str] = set()
     for name, mine in zip(names, taken, strict=True):
         if not mine:
+            continue
+        if unsent:  # the broker refused the one before: do not wait on it for each
+            unsent.add(name)
+            client.release_lease(name)
             continue
         try:
             sealed = store.seal(keys.job(name), pending[name].to_bytes())
@@ -229,9 +233,11 @@ def _send(client: KernelClient, pending: dict[str, TuneJob], queue: str) -> None
         except redis.RedisError:
             client.orphan_lease(name)
             raise
-        except (EntryTooLarge, Exception) as e:  # kombu's own errors: the broker is gone
+        except Exception as e:  # kombu's own errors (the broker is gone), EntryTooLarge
+            unsent.add(name)
             client.release_lease(name)
-            warn_once("tune-send", "compileq: cannot send an autotuning job (%s)", e)
+            warn_once("tune-send", "compileq: cannot send autotuning jobs (%s)", e)
+    return unsent
 
 
 def _wait(
