@@ -106,6 +106,24 @@ def test_each_gpu_worker_process_is_pinned_to_its_gpu() -> None:
     assert Gpu(3, "H100", H100).visible_devices == "3"  # torch's listing, no UUID known
 
 
+def test_each_gpu_worker_is_told_its_gpu_model_which_names_its_autotuning_queue(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from compileq.tasks.queues import gpu_slug
+    from compileq.workers import supervisor
+
+    # nvidia-smi's answer of a 2 x H200 node (this machine has no GPU to ask).
+    monkeypatch.setattr(
+        supervisor, "probe_gpus", lambda: from_smi_rows(parse_smi(SMI_H200X2), None)
+    )
+    specs = plan("all", False, [], 4)
+    assert [s.gpu_name for s in specs] == ["NVIDIA H200", "NVIDIA H200"]
+    assert all("--gpu-name=NVIDIA H200" in s.argv("INFO") for s in specs)
+    # What torch.cuda.get_device_name() says in a training process names the same queue.
+    assert gpu_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+    assert gpu_slug("NVIDIA H200") == gpu_slug("nvidia h200 ") == "nvidia-h200"
+
+
 def test_a_cpu_only_worker_builds_for_each_arch_it_is_given() -> None:
     (spec,) = plan(None, True, ["sm_90", "sm_80", "sm90"], 3)
     assert spec.targets == (H100, Target("cuda", "80", 32))

@@ -3,7 +3,8 @@
 The candidate's module is written into this process's Inductor cache and timed by Inductor's
 own ``TritonBenchmarkRequest.benchmark`` (random inputs of the recorded sizes and strides, as
 stock's autotuning subprocess does). Its kernel is built by Triton here, usually a hit in the
-worker's Triton cache: the client's precompile sent the same source to this queue's workers.
+worker's Triton cache: the client's precompile sent the same source to the kernel queue, which
+the same workers serve.
 
 Timings from one GPU are only comparable while nothing else runs on it, so every pool process
 of every worker on this machine pinned to the same GPU takes that GPU's lock (``flock`` on a
