@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -184,6 +185,33 @@ def test_a_workers_codegen_times_what_the_store_lacks_itself_and_stores_it_for_e
     finally:
         in_worker.close()
         elsewhere.close()
+
+
+def test_a_workers_codegen_takes_its_gpus_lock_only_to_time_a_gpu_op(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torch._inductor.async_compile import AsyncCompile
+    from torch._inductor.ir import FixedLayout
+
+    from compileq.scheduler.client import KernelClient
+    from compileq.scheduler.local import LocalBuilder
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # where workers/tune.py keeps its lock files
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-test")
+    tempfile.tempdir = None  # re-read TMPDIR
+    in_worker = KernelClient(settings, LocalBuilder(AsyncCompile.process_pool), on_worker=bool)
+    try:
+        on_gpu = FixedLayout(torch.device("cuda", 1), torch.bfloat16, [4, 4], [4, 1])
+        on_cpu = FixedLayout(torch.device("cpu"), torch.float32, [4, 4], [4, 1])
+        with tuning._this_gpu(in_worker, on_cpu):
+            assert not list(tmp_path.glob("compileq-gpu-*.lock"))
+        with tuning._this_gpu(in_worker, on_gpu):
+            assert [p.name for p in tmp_path.glob("compileq-gpu-*.lock")] == [
+                "compileq-gpu-GPU-test.lock"
+            ]
+    finally:
+        in_worker.close()
+        tempfile.tempdir = None
 
 
 @pytest.fixture

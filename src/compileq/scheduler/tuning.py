@@ -321,7 +321,7 @@ def _in_current_process(
         rest = [c for c in choices if c not in tuned.timings]
         timings = dict(tuned.timings)
         if rest:
-            with _this_gpu(client):
+            with _this_gpu(client, layout):
                 measured = original(cls, rest, input_nodes, layout, input_gen_fns, *args, **kwargs)
             timings.update(measured)
             if client is not None and tuned.share:
@@ -331,10 +331,11 @@ def _in_current_process(
     return benchmark_in_current_process
 
 
-def _this_gpu(client: KernelClient | None) -> contextlib.AbstractContextManager[None]:
-    """Inside a worker's codegen, the GPU's lock while timing here: the worker's siblings may
-    be timing candidates of other graphs on the same GPU (see workers/tune.py)."""
-    if client is None or not client.in_worker:
+def _this_gpu(client: KernelClient | None, layout: Any) -> contextlib.AbstractContextManager[None]:
+    """Inside a worker's codegen, the GPU's lock while timing a GPU op here: the worker's
+    siblings may be timing candidates of other graphs on the same GPU (see workers/tune.py)."""
+    on_gpu = getattr(getattr(layout, "device", None), "type", None) == "cuda"
+    if client is None or not client.in_worker or not on_gpu:
         return contextlib.nullcontext()
     from compileq.workers.tune import gpu_lock
 
