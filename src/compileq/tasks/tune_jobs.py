@@ -16,6 +16,7 @@ Not the tensors' names or device index: the same GEMM of another graph or rank t
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import pickle
 import re
@@ -115,16 +116,12 @@ def _tensor(meta: Any) -> tuple[str, tuple[int, ...], tuple[int, ...], int]:
 
 def timing_payload(ms: float, by: str, error: str | None = None) -> bytes:
     """What a worker stores: the candidate's time in ms; ``null`` where it failed (inf)."""
-    import json
-
     finite = ms if math.isfinite(ms) else None
     return json.dumps({"ms": finite, "by": by, "error": error}).encode()
 
 
 def timing_of(payload: bytes) -> float | None:
     """The stored time in ms (``inf`` for a candidate that failed), or None if unreadable."""
-    import json
-
     try:
         obj = json.loads(payload)
         ms = obj["ms"]
