@@ -37,6 +37,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import redis
+
 from bench.harness import ROOT, CacheDirs, Cluster, new_workdir
 from compileq import keys
 from compileq.localstack import start_worker, stop
@@ -154,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                 cluster.flush(stock=True)
                 cluster.wipe_worker_caches()
             else:  # every artifact but the timings: graphs generated and kernels built again
-                _drop_all_but_timings(cluster)
+                drop_all_but_timings(cluster.client())
             if mode != "stock" and not workers:
                 started = time.perf_counter()
                 logs = [workdir / f"worker-{i}.log" for i in range(args.workers)]
@@ -163,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                         cluster.settings,
                         ["--gpus", str(i % gpus)],
                         log,
-                        env={**cluster.env(), **cluster._worker_dirs()},
+                        env={**cluster.env(), **cluster.worker_dirs()},
                     )
                     for i, log in enumerate(logs)
                 ]
@@ -193,8 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _drop_all_but_timings(cluster: Cluster) -> None:
-    client = cluster.client()
+def drop_all_but_timings(client: redis.Redis) -> None:
+    """Every compileq artifact but max-autotune's timings: graphs and kernels are made again."""
     for key in client.scan_iter(match=keys.ARTIFACT + "*", count=1000):
         if not key.decode().startswith(keys.artifact(KIND, "")):
             client.delete(key)

@@ -93,7 +93,7 @@ class Cluster:
             self.workdir / f"worker-{self._workers_started:02d}-{kind}-{concurrency or 'cores'}.log"
         )
         self.worker = start_worker(
-            self.settings, self.worker_args, log, env={**self.env(), **self._worker_dirs()}
+            self.settings, self.worker_args, log, env={**self.env(), **self.worker_dirs()}
         )
 
     def stop_worker(self) -> None:
@@ -106,7 +106,7 @@ class Cluster:
             for key in client.scan_iter(match=keys.WORKERS + "*"):
                 client.delete(key)
 
-    def _worker_dirs(self) -> dict[str, str]:
+    def worker_dirs(self) -> dict[str, str]:
         base = self.workdir / "worker-cache"
         return {
             "TORCHINDUCTOR_CACHE_DIR": str(base / "inductor"),
@@ -115,7 +115,7 @@ class Cluster:
 
     def wipe_worker_caches(self) -> None:
         """A cold cluster: the worker's local Triton/Inductor caches emptied (it keeps running)."""
-        for path in self._worker_dirs().values():
+        for path in self.worker_dirs().values():
             shutil.rmtree(path, ignore_errors=True)
             Path(path).mkdir(parents=True, exist_ok=True)
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 import torch
-from bench.autotune import autotune_tables, compare_picks
+from bench.autotune import autotune_tables, compare_picks, drop_all_but_timings
 
 from compileq import keys
 from compileq.localstack import RedisServer
@@ -139,9 +139,7 @@ def test_a_workers_codegen_times_candidates_itself_and_a_new_machine_finds_them_
     # Every entry but the timings dropped, and codegen in the new machine's own process (a
     # worker's would find its local autotune cache): every graph is generated and every GEMM
     # autotuned again, with the same Inductor config, so the same candidates.
-    for key in client.scan_iter(match=keys.ARTIFACT + "*"):
-        if not key.decode().startswith(keys.artifact(KIND, "")):
-            client.delete(key)
+    drop_all_but_timings(client)
     again, err = run_script(env, tmp_path, "again", "run", "--no-fx")
     after = stats(env, tmp_path)
     assert after["tune_remote"] == 0, err[-3000:]

@@ -14,7 +14,7 @@ import json
 import math
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -153,23 +153,28 @@ def test_with_no_gpu_worker_of_its_model_a_client_times_every_candidate_itself(
 ) -> None:
     # The session's worker cross-compiles for sm_90 without a GPU: it serves no tune queue.
     choices = [candidate(tmp_path), candidate(tmp_path, num_warps=8)]
-    assert tuning.timed_remotely(installed.client, choices, H100) == {}
+    assert tuning.tune(installed.client, choices, H100).timings == {}
     client = installed.client.store.client
     assert int(client.hget(keys.STATS, "tune_local") or 0) == 2
     assert not list(client.scan_iter(match=keys.JOB + "*"))
     assert not list(client.scan_iter(match=keys.LOCK + "*"))
 
 
-def test_a_workers_codegen_times_what_the_store_lacks_itself_and_stores_it_for_everyone(
-    settings: Settings, clean_cache: Any, tmp_path: Path
-) -> None:
+def _client(settings: Settings, on_worker: Callable[[], bool] | None = None, **more: Any) -> Any:
+    """A client with ``settings`` changed by ``more``; ``on_worker``: one in a worker's codegen."""
     from torch._inductor.async_compile import AsyncCompile
 
     from compileq.scheduler.client import KernelClient
     from compileq.scheduler.local import LocalBuilder
 
-    in_worker = KernelClient(settings, LocalBuilder(AsyncCompile.process_pool), on_worker=bool)
-    elsewhere = KernelClient(settings, LocalBuilder(AsyncCompile.process_pool))
+    changed = settings.model_copy(update=more)
+    return KernelClient(changed, LocalBuilder(AsyncCompile.process_pool), on_worker=on_worker)
+
+
+def test_a_workers_codegen_times_what_the_store_lacks_itself_and_stores_it_for_everyone(
+    settings: Settings, clean_cache: Any, tmp_path: Path
+) -> None:
+    in_worker, elsewhere = _client(settings, on_worker=bool), _client(settings)
     try:
         choices = [candidate(tmp_path), candidate(tmp_path, num_warps=8)]
         # No GPU worker serves H100s here, yet nothing is sent: a worker's codegen times them.
@@ -190,16 +195,12 @@ def test_a_workers_codegen_times_what_the_store_lacks_itself_and_stores_it_for_e
 def test_a_workers_codegen_takes_its_gpus_lock_only_to_time_a_gpu_op(
     settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from torch._inductor.async_compile import AsyncCompile
     from torch._inductor.ir import FixedLayout
-
-    from compileq.scheduler.client import KernelClient
-    from compileq.scheduler.local import LocalBuilder
 
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # where workers/tune.py keeps its lock files
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-test")
     tempfile.tempdir = None  # re-read TMPDIR
-    in_worker = KernelClient(settings, LocalBuilder(AsyncCompile.process_pool), on_worker=bool)
+    in_worker = _client(settings, on_worker=bool)
     try:
         on_gpu = FixedLayout(torch.device("cuda", 1), torch.bfloat16, [4, 4], [4, 1])
         on_cpu = FixedLayout(torch.device("cpu"), torch.float32, [4, 4], [4, 1])
@@ -228,23 +229,13 @@ def tune_worker_beating(settings: Settings, clean_cache: Any) -> Iterator[str]:
     liveness.leave(clean_cache, "gone", [queue])
 
 
-def _client(settings: Settings, **more: Any) -> Any:
-    from torch._inductor.async_compile import AsyncCompile
-
-    from compileq.scheduler.client import KernelClient
-    from compileq.scheduler.local import LocalBuilder
-
-    changed = settings.model_copy(update=more)
-    return KernelClient(changed, LocalBuilder(AsyncCompile.process_pool))
-
-
 def test_a_client_waits_no_longer_than_its_deadline_for_a_worker_that_never_answers(
     settings: Settings, tune_worker_beating: str, tmp_path: Path
 ) -> None:
     client = _client(settings, deadline_s=2.0)
     try:
         started = time.monotonic()
-        assert tuning.timed_remotely(client, [candidate(tmp_path)], H100) == {}
+        assert tuning.tune(client, [candidate(tmp_path)], H100).timings == {}
         assert 2.0 <= time.monotonic() - started < 15
         assert int(client.store.client.hget(keys.STATS, "tune_local") or 0) == 1
     finally:
@@ -261,7 +252,7 @@ def test_a_client_whose_broker_is_down_times_candidates_itself_without_waiting(
     try:
         started = time.monotonic()
         choices = [candidate(tmp_path), candidate(tmp_path, num_warps=8)]
-        assert tuning.timed_remotely(client, choices, H100) == {}
+        assert tuning.tune(client, choices, H100).timings == {}
         assert time.monotonic() - started < 30  # kombu's publish retries, not the deadline
         assert not list(client.store.client.scan_iter(match=keys.LOCK + "*"))
     finally:

@@ -75,16 +75,10 @@ class Tuned:
     share: dict[Any, str] = field(default_factory=dict)
 
 
-def timed_remotely(
-    client: KernelClient, choices: Sequence[Any], gpu: str | None = None
-) -> dict[Any, float]:
-    """The timings of those ``choices`` that the cluster has or GPU workers took; the rest are
-    left to the caller. ``gpu``: the model to time on (default: the candidates' own GPU's)."""
-    return tune(client, choices, gpu).timings
-
-
 def tune(client: KernelClient, choices: Sequence[Any], gpu: str | None = None) -> Tuned:
-    """Never raises for compileq's own reasons: anything not answered is timed by the caller."""
+    """The timings of those ``choices`` the cluster has or GPU workers took; the rest are left
+    to the caller. ``gpu``: the model to time on (default: the candidates' own GPU's). Never
+    raises for compileq's own reasons."""
     try:
         return _tune(client, choices, gpu)
     except Exception as e:  # the one rule: time them here instead
@@ -299,6 +293,25 @@ def _activate(module: Any) -> None:
     autotune_process.benchmark_in_sub_process = _in_sub_process(sub)
 
 
+def _timed(
+    choices: Sequence[Any],
+    shareable: bool,
+    measure: Callable[[list[Any]], dict[Any, float]],
+) -> dict[Any, float]:
+    """Timings of ``choices``: what the cluster answers (if ``shareable``), and ``measure``'s
+    for the rest, which a worker's codegen then stores for everyone."""
+    client = _client
+    tuned = tune(client, choices) if client is not None and shareable else Tuned()
+    rest = [c for c in choices if c not in tuned.timings]
+    timings = dict(tuned.timings)
+    if rest:
+        measured = measure(rest)
+        timings.update(measured)
+        if client is not None and tuned.share:
+            share(client, tuned.share, measured)
+    return {c: timings[c] for c in choices if c in timings}
+
+
 def _in_current_process(
     original: Callable[..., dict[Any, float]],
 ) -> Callable[..., dict[Any, float]]:
@@ -312,21 +325,13 @@ def _in_current_process(
         *args: Any,
         **kwargs: Any,
     ) -> dict[Any, float]:
+        def measure(rest: list[Any]) -> dict[Any, float]:
+            with _this_gpu(_client, layout):
+                return original(cls, rest, input_nodes, layout, input_gen_fns, *args, **kwargs)
+
         # Inputs Inductor makes itself (indices that must stay in range) cannot be remade on a
         # worker from sizes alone; a collective needs every rank in this very process.
-        client = _client
-        tuned = Tuned()
-        if client is not None and not input_gen_fns and not kwargs.get("is_collective"):
-            tuned = tune(client, choices)
-        rest = [c for c in choices if c not in tuned.timings]
-        timings = dict(tuned.timings)
-        if rest:
-            with _this_gpu(client, layout):
-                measured = original(cls, rest, input_nodes, layout, input_gen_fns, *args, **kwargs)
-            timings.update(measured)
-            if client is not None and tuned.share:
-                share(client, tuned.share, measured)
-        return {c: timings[c] for c in choices if c in timings}
+        return _timed(choices, not input_gen_fns and not kwargs.get("is_collective"), measure)
 
     return benchmark_in_current_process
 
@@ -347,16 +352,7 @@ def _in_sub_process(original: Callable[..., dict[Any, float]]) -> Callable[..., 
     def benchmark_in_sub_process(
         choices: Sequence[Any], *args: Any, **kwargs: Any
     ) -> dict[Any, float]:
-        client = _client
-        tuned = tune(client, choices) if client is not None else Tuned()
-        rest = [c for c in choices if c not in tuned.timings]
-        timings = dict(tuned.timings)
-        if rest:
-            measured = original(rest, *args, **kwargs)
-            timings.update(measured)
-            if client is not None and tuned.share:
-                share(client, tuned.share, measured)
-        return timings
+        return _timed(choices, True, lambda rest: original(rest, *args, **kwargs))
 
     return benchmark_in_sub_process
 

@@ -44,6 +44,13 @@ class WorkerContext:
     #: it, see workers/tune.py); None for a --cpu-only worker.
     gpu_name: str | None = None
 
+    def toolchain(self, target: Target | None) -> Toolchain:
+        """This worker's toolchain for a job's kernel ``target``; refuses a target it lacks."""
+        toolchain = self.toolchains.get(target) if target else None
+        if target is None or toolchain is None:
+            raise ToolchainMismatch(f"this worker does not build for target {target}")
+        return toolchain
+
     def fx_toolchain(self, target: str) -> FxToolchain | None:
         if target not in self.fx_toolchains and self.late_fx is not None:
             late, self.late_fx = self.late_fx, None
@@ -159,9 +166,8 @@ def open_job(ctx: WorkerContext, key: str) -> bytes:
 def _load_job(ctx: WorkerContext, key: str) -> TritonJob:
     job = TritonJob.from_json(open_job(ctx, key))
     target = job.target
-    toolchain = ctx.toolchains.get(target) if target else None
-    if target is None or toolchain is None:
-        raise ToolchainMismatch(f"this worker does not build for target {target}")
+    toolchain = ctx.toolchain(target)
+    assert target is not None  # toolchain() refuses a job without one
     if job.key(toolchain, target) != key:
         raise ToolchainMismatch("job key does not match this worker's toolchain; not building it")
     return job

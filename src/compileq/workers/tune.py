@@ -80,10 +80,7 @@ def gpu_lock() -> Iterator[None]:
 
 def _load_job(ctx: WorkerContext, key: str) -> TuneJob:
     job = TuneJob.from_bytes(open_job(ctx, key))
-    target = job.target
-    toolchain = ctx.toolchains.get(target) if target else None
-    if target is None or toolchain is None:
-        raise ToolchainMismatch(f"this worker does not build for target {target}")
+    toolchain = ctx.toolchain(job.target)
     if ctx.gpu_name != job.gpu:
         raise ToolchainMismatch(f"this worker's GPU is {ctx.gpu_name!r}, not {job.gpu!r}")
     if job.key(toolchain) != key:
