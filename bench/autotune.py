@@ -21,7 +21,7 @@ first step's time, launch to end of that step (``done_s``), losses, compileq's c
 the pick, its time, the seconds spent timing and precompiling. ``picks`` compares each run's
 picks with stock's: a differing pick is given with the time stock's own table gave it.
 
-    python -m bench.autotune [--workers 2] [--small] [--out DIR]
+    python -m bench.autotune [--workers 2] [--small] [--runs stock,compileq,...] [--out DIR]
 """
 
 from __future__ import annotations
@@ -123,8 +123,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.autotune", description=__doc__)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--small", action="store_true", help="a quick model (tests, smoke runs)")
+    parser.add_argument(
+        "--runs",
+        default=",".join(RUNS),
+        help=f"comma-separated, in this order; stock always runs first (default: {','.join(RUNS)})",
+    )
     parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "bench-out"))
     args = parser.parse_args(argv)
+    asked = {name.strip() for name in args.runs.split(",") if name.strip()}
+    if unknown := asked - set(RUNS):
+        parser.error(f"unknown runs: {', '.join(sorted(unknown))} (known: {', '.join(RUNS)})")
+    runs = [name for name in RUNS if name in asked or name == "stock"]
     if not torch.cuda.is_available():
         print("bench.autotune needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -151,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         import triton
 
         report["triton"] = triton.__version__
-        for mode in RUNS:
+        for mode in runs:
             if mode != "compileq-timings-warm":
                 cluster.flush(stock=True)
                 cluster.wipe_worker_caches()
@@ -178,14 +187,14 @@ def main(argv: list[str] | None = None) -> int:
             stop(proc)
         cluster.close()
     stock = report["runs"]["stock"]
-    for mode in RUNS[1:]:
+    for mode in runs[1:]:
         run = report["runs"][mode]
         run["vs_stock_done"] = round(run["done_s"] / stock["done_s"], 3)
         run["picks"] = compare_picks(stock["tables"], run["tables"])
     for log in sorted(workdir.glob("worker-*.log")):
         (out / f"autotune-{log.name}").write_text(log.read_text()[-2_000_000:])
     (out / "autotune.json").write_text(json.dumps(report, indent=1))
-    for mode in RUNS:
+    for mode in runs:
         run = report["runs"][mode]
         print(
             f"{mode:24s} done {run['done_s']:7.2f}s  first step {run['first_step_s']:7.2f}s  "

@@ -3,7 +3,7 @@
 grouped-query attention, SwiGLU; AdamW; bf16 autocast on a GPU.
 
     python llama_script.py [--device cpu|cuda|cuda:K] [--steps N] [--width W]
-                           [--bucket-mb MB] [--fsdp] [--dump-code DIR]
+                           [--bucket-mb MB] [--fsdp] [--mode MODE] [--dump-code DIR]
     torchrun --nproc-per-node 2 llama_script.py ...     # DDP (gloo on CPU, NCCL on GPUs)
     torchrun --nproc-per-node 2 llama_script.py --fsdp  # FSDP2: fully_shard per block
 
@@ -132,6 +132,9 @@ def parse() -> argparse.Namespace:
     p.add_argument(
         "--fsdp", action="store_true", help="under torchrun: FSDP2 (fully_shard per block) not DDP"
     )
+    p.add_argument(
+        "--mode", default=None, help="torch.compile's mode, e.g. max-autotune-no-cudagraphs"
+    )
     p.add_argument("--dump-code", default=None)
     p.add_argument(
         "--rank-caches",
@@ -174,7 +177,7 @@ def main() -> None:
         model = DDP(model, device_ids=ids, **cap)  # type: ignore[assignment]
         reference = DDP(reference, device_ids=ids, **cap)  # type: ignore[assignment]
     STARTUP["models built"] = time.time()
-    compiled = torch.compile(model)
+    compiled = torch.compile(model, mode=args.mode)
     STARTUP["compile wrapped"] = time.time()
     optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (model, reference)]
     generator = torch.Generator().manual_seed(1 + rank)

@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+from bench import autotune
 from bench.autotune import autotune_tables, compare_picks
 from bench.capacity import UNCLASSIFIED, classify, unit_of
 from bench.report import merge_runs
@@ -201,3 +203,13 @@ def test_autotune_tables_are_read_per_process_and_a_differing_pick_is_timed_by_s
     picks = compare_picks([stock], [worker])
     assert picks["same"] == 0
     assert picks["different"][0]["this_vs_stock_best_in_stock_table"] == round(0.0080 / 0.0061, 3)
+
+
+def test_the_autotune_bench_refuses_a_run_it_does_not_know_before_touching_a_gpu(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        autotune.main(["--runs", "stock,compileq-typo"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "unknown runs: compileq-typo" in err and "compileq-no-fx" in err

@@ -51,7 +51,14 @@ def execute_tune_triton(task_key: object) -> str:
         return "failed"
     ctx.store.count({Counter.TUNE_REMOTE: 1})
     settle(ctx.store.client, key)
-    log.info("compileq worker: timed %s %s: %.4f ms (%.2fs)", job.name, key, ms, seconds)
+    log.info(
+        "compileq worker: timed %s %s: %.4f ms (%.2fs on GPU %s)",
+        job.name,
+        key,
+        ms,
+        seconds,
+        os.environ.get("CUDA_VISIBLE_DEVICES", "?"),
+    )
     return "built"
 
 
