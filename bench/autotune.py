@@ -42,7 +42,7 @@ import redis
 from bench.harness import ROOT, CacheDirs, Cluster, new_workdir
 from compileq import keys
 from compileq.localstack import start_worker, stop
-from compileq.tasks.tune_jobs import KIND
+from compileq.tasks.tune_jobs import KIND, TABLE_KIND
 
 SCRIPT = ROOT / "examples" / "mlp_autotune.py"
 RUNS = (
@@ -204,10 +204,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def drop_all_but_timings(client: redis.Redis) -> None:
-    """Every compileq artifact but max-autotune's timings: graphs and kernels are made again."""
+def drop_all_but_timings(client: redis.Redis, keep_tables: bool = False) -> None:
+    """Every compileq artifact but max-autotune's candidate timings (and, with ``keep_tables``,
+    its GEMM tables): graphs and kernels are made again, and every GEMM autotuned again."""
+    kept = (keys.artifact(KIND, ""), *((keys.artifact(TABLE_KIND, ""),) if keep_tables else ()))
     for key in client.scan_iter(match=keys.ARTIFACT + "*", count=1000):
-        if not key.decode().startswith(keys.artifact(KIND, "")):
+        if not key.decode().startswith(kept):
             client.delete(key)
 
 

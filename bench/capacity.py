@@ -67,6 +67,7 @@ UNITS = {
     "fxcode": "graph",
     "triton": "Triton kernel",
     "tune": "Triton kernel",
+    "tunetable": "graph",
     "cpp": "C++ kernel",
 }
 #: The artifact kind that counts a unit: one FX-graph entry per distinct graph.
@@ -79,6 +80,7 @@ LABELS = {
     "fxcode": "FX codegen a worker did",
     "triton": "Triton kernel",
     "tune": "max-autotune candidate timing",
+    "tunetable": "max-autotune GEMM table (every choice's time)",
     "cpp": "C++ kernel (.so)",
     "isa": "vector-ISA probe verdict",
     "job": "job spec",

@@ -29,7 +29,7 @@ from bench.autotune import autotune_tables, compare_picks, drop_all_but_timings
 
 from compileq import keys
 from compileq.localstack import RedisServer
-from compileq.tasks.tune_jobs import KIND
+from compileq.tasks.tune_jobs import KIND, TABLE_KIND
 from tests.conftest import Env, Worker, compileq_cmd, start_worker, stats, stop_worker, wipe_cache
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -147,4 +147,25 @@ def test_a_workers_codegen_times_candidates_itself_and_a_new_machine_finds_them_
     assert after["tune_local"] == before["tune_local"]
     # Not bit-equal on the H100 (2.06390 against 2.06384, every timing the same): which other
     # choice differs between generating a graph here and on a worker is not established.
+    assert math.isclose(again["losses"][0], first["losses"][0], rel_tol=1e-3)
+
+
+def test_a_gemms_table_lets_a_new_machine_time_no_choice_at_all(
+    env: Env, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """No GPU worker at all: the first process times every choice itself and stores each
+    GEMM's table; a new machine generating the same graphs finds every table and times none,
+    ATen's choices included."""
+    client = redis_server.client()
+    wipe_cache(client)
+    first, _ = run_script(env, tmp_path, "first", "run", "--no-fx")
+    stored = list(client.scan_iter(match=keys.artifact(TABLE_KIND, "") + "*"))
+    before = stats(env, tmp_path)
+    assert stored, before
+    drop_all_but_timings(client, keep_tables=True)
+    again, err = run_script(env, tmp_path, "again", "run", "--no-fx")
+    after = stats(env, tmp_path)
+    found = after.get("tune_table_hits", 0) - before.get("tune_table_hits", 0)
+    assert found >= len(stored), (after, err[-3000:])  # a GEMM met twice finds its table twice
+    assert after.get("tune_local", 0) == before.get("tune_local", 0), after
     assert math.isclose(again["losses"][0], first["losses"][0], rel_tol=1e-3)

@@ -192,6 +192,95 @@ def test_a_workers_codegen_times_what_the_store_lacks_itself_and_stores_it_for_e
         elsewhere.close()
 
 
+def aten_mm() -> Any:
+    """Inductor's own ATen choice for the GEMM (``ExternKernelCaller`` of ``aten_mm``)."""
+    from torch._inductor.ir import FixedLayout
+    from torch._inductor.kernel.mm import aten_mm as choice
+    from torch._inductor.select_algorithm import ExternKernelCaller
+
+    layout = FixedLayout(torch.device("cuda", 0), torch.bfloat16, [512, 1024], [1024, 1])
+    return ExternKernelCaller(choice, [], layout)
+
+
+class Measure:
+    """Stands in for Inductor's benchmark: records what it was asked to time."""
+
+    def __init__(self, ms: float) -> None:
+        self.ms = ms
+        self.asked: list[Any] = []
+
+    def __call__(self, rest: list[Any]) -> dict[Any, float]:
+        self.asked += rest
+        return {c: self.ms + i / 1000 for i, c in enumerate(rest)}
+
+
+def tables(client: Any) -> list[bytes]:
+    from compileq.tasks.tune_jobs import TABLE_KIND
+
+    return list(client.scan_iter(match=keys.artifact(TABLE_KIND, "") + "*"))
+
+
+def test_a_gemms_whole_table_is_stored_once_timed_and_a_later_process_times_nothing_not_even_aten(
+    settings: Settings, clean_cache: Any, tmp_path: Path
+) -> None:
+    first, later = _client(settings), _client(settings)
+    try:
+        choices = [candidate(tmp_path), candidate(tmp_path, num_warps=8), aten_mm()]
+        # No GPU worker serves H100s here: the first process times all three itself.
+        measured = Measure(0.02)
+        timings = tuning.timed(first, choices, measured, gpu=H100)
+        assert measured.asked == choices and len(tables(clean_cache)) == 1
+        # Another rank or machine, with the same choices made afresh (another graph's names,
+        # another GPU index): every time from the table, none measured, the same pick.
+        again = [
+            candidate(tmp_path, index=1, name="triton_tem_fused_mm_3"),
+            candidate(tmp_path, index=1, num_warps=8, name="triton_tem_fused_mm_3"),
+            aten_mm(),
+        ]
+        nothing = Measure(9.0)
+        found = tuning.timed(later, again, nothing, gpu=H100)
+        assert nothing.asked == []
+        assert list(found.values()) == list(timings.values())
+        stats = clean_cache.hgetall(keys.STATS)
+        assert int(stats[b"tune_table_hits"]) == 1 and int(stats[b"tune_hits"]) == 2
+    finally:
+        first.close()
+        later.close()
+
+
+def test_a_table_of_other_choices_or_planted_without_the_secret_is_not_used(
+    settings: Settings, clean_cache: Any, tmp_path: Path
+) -> None:
+    client = _client(settings)
+    try:
+        choices = [candidate(tmp_path), aten_mm()]
+        tuning.timed(client, choices, Measure(0.02), gpu=H100)
+        # One more candidate config: another GEMM table, so every choice is timed again.
+        more = [*choices, candidate(tmp_path, num_warps=8)]
+        measured = Measure(0.03)
+        tuning.timed(client, more, measured, gpu=H100)
+        assert measured.asked == more and len(tables(clean_cache)) == 2
+        # A table written straight into Redis, unsigned, claiming the GEMM is free.
+        for key in tables(clean_cache):
+            clean_cache.set(key, json.dumps({"ms": {}}))
+        measured = Measure(0.04)
+        tuning.timed(client, more, measured, gpu=H100)
+        assert measured.asked == more
+    finally:
+        client.close()
+
+
+def test_a_stored_table_reads_back_only_when_it_times_every_choice() -> None:
+    from compileq.tasks.tune_jobs import table_of, table_payload
+
+    payload = table_payload({"a": 0.5, "b": math.inf}, "w")
+    assert table_of(payload, ["a", "b"]) == {"a": 0.5, "b": math.inf}
+    assert table_of(payload, ["b"]) == {"b": math.inf}
+    assert table_of(payload, ["a", "c"]) is None  # a choice the table lacks
+    for bad in (b"", b"[]", b'{"ms": []}', b'{"ms": {"a": -1}}', b'{"ms": {"a": true}}'):
+        assert table_of(bad, ["a"]) is None, bad
+
+
 def test_a_workers_codegen_takes_its_gpus_lock_only_to_time_a_gpu_op(
     settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

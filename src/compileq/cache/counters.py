@@ -22,6 +22,8 @@ class Counter(str, enum.Enum):
     TUNE_HITS = "tune_hits"
     TUNE_REMOTE = "tune_remote"
     TUNE_LOCAL = "tune_local"
+    #: GEMMs whose every choice's time, ATen's too, came from a stored table: nothing timed.
+    TUNE_TABLE_HITS = "tune_table_hits"
     FX_HITS = "fx_hits"
     FX_MISSES = "fx_misses"
     FX_REMOTE_COMPILES = "fx_remote_compiles"

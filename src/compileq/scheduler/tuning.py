@@ -19,10 +19,16 @@ finds it and times nothing. What the store lacks is timed:
   took 1.9 s against 9.5 s for sending them to two workers sharing that GPU
   (docs/BENCHMARKS.md, "max-autotune").
 
-Inductor's choice stays Inductor's: compileq only supplies timings, and ATen's candidates (and
-anything compileq cannot send: inputs Inductor generates itself, collectives, no live worker
-of this GPU model, Redis down, a deadline passed) are timed here exactly as stock does; only
-Triton candidates' timings are stored.
+ATen's candidates (and anything compileq cannot send: inputs Inductor generates itself,
+collectives, no live worker of this GPU model, Redis down, a deadline passed) are timed here
+exactly as stock does. Once every choice of a GEMM has a time, the GEMM's whole table is
+stored too (``TABLE_KIND``: every choice's time, ATen's included, keyed by all the choices'
+identities): a later process meeting that GEMM finds it and times nothing at all, and every
+rank and machine then picks from the same numbers, so alike. Rejected: storing only the pick:
+Inductor's hooks return timings, not a pick, and it keeps them for later decisions (a
+``MultiTemplateBuffer``'s ``choice_timings`` when it weighs fusions).
+
+Inductor's choice stays Inductor's: compileq only supplies timings.
 Timings from another GPU of the same model compare as stock's own autotuning subprocess does
 (``autotune_in_subproc``), which also times Triton candidates in another process.
 
@@ -53,7 +59,14 @@ from compileq.scheduler.client import KernelClient
 from compileq.tasks import device_index, events
 from compileq.tasks.app import TUNE_TRITON
 from compileq.tasks.queues import tune_queue
-from compileq.tasks.tune_jobs import TuneJob, timing_of, timing_payload
+from compileq.tasks.tune_jobs import (
+    TuneJob,
+    table_key,
+    table_of,
+    table_payload,
+    timing_of,
+    timing_payload,
+)
 
 _SELECT = "torch._inductor.select_algorithm"
 #: Pending timings are re-read this often, under the pub/sub announcements.
@@ -66,6 +79,15 @@ _saved: tuple[Any, Callable[..., Any]] | None = None
 
 
 @dataclass
+class Table:
+    """Where a GEMM's whole table goes once every choice has a time: its key, and each
+    choice's identity in it."""
+
+    key: str
+    identities: dict[Any, str]
+
+
+@dataclass
 class Tuned:
     """What the cluster answered for one GEMM's candidates."""
 
@@ -73,6 +95,9 @@ class Tuned:
     timings: dict[Any, float] = field(default_factory=dict)
     #: Inside a worker's codegen: the keys of the candidates it times itself, to store.
     share: dict[Any, str] = field(default_factory=dict)
+    #: The GEMM's table to store once every choice is timed; None when it was found (then
+    #: ``timings`` holds every choice) or cannot be keyed.
+    table: Table | None = None
 
 
 def tune(client: KernelClient, choices: Sequence[Any], gpu: str | None = None) -> Tuned:
@@ -99,6 +124,7 @@ def _tune(client: KernelClient, choices: Sequence[Any], gpu: str | None) -> Tune
     queue = tune_queue(toolchain, first.gpu)
     store = client.store
     keyed = {c: job.key(toolchain) for c, job in jobs.items()}
+    table = _table(choices, keyed, first.gpu, toolchain)
     # A worker's codegen times what the store lacks itself, on its own GPU, and stores it: it
     # has every candidate built in its Triton cache already (its siblings built them), and on
     # the H100 timing 120 candidates there took 1.9 s against 9.5 s for sending them to two
@@ -106,7 +132,10 @@ def _tune(client: KernelClient, choices: Sequence[Any], gpu: str | None) -> Tune
     here = client.in_worker
     try:
         by_key = {keyed[c]: job for c, job in jobs.items()}
-        timings = _read(client, list(by_key))
+        whole, timings = _read_with_table(client, table, list(by_key))
+        if whole is not None:
+            store.count({Counter.TUNE_TABLE_HITS: 1, Counter.TUNE_HITS: len(jobs)})
+            return Tuned(whole)
         hits = set(timings)
         pending = {k: j for k, j in by_key.items() if k not in timings}
         if pending and not here:
@@ -127,7 +156,58 @@ def _tune(client: KernelClient, choices: Sequence[Any], gpu: str | None) -> Tune
     found = sum(1 for k in keyed.values() if k in hits)
     store.count({Counter.TUNE_HITS: found, Counter.TUNE_LOCAL: len(jobs) - len(out)})
     share = {c: k for c, k in keyed.items() if k not in timings} if here else {}
-    return Tuned(out, share)
+    return Tuned(out, share, table)
+
+
+def _table(choices: Sequence[Any], keyed: dict[Any, str], gpu: str, toolchain: Any) -> Table | None:
+    """The GEMM's table, keyed by every choice's identity: a Triton candidate's timing key,
+    another choice's (ATen's) ``hash_key()``, which names its op and arguments; the sizes come
+    with the Triton candidates' keys. None if some choice has no stable identity."""
+    identities: dict[Any, str] = {}
+    for choice in choices:
+        if choice in keyed:
+            identities[choice] = keyed[choice]
+            continue
+        try:
+            identities[choice] = f"{type(choice).__name__}:{choice.hash_key()}"
+        except Exception:  # no hash_key, or one that fails: this GEMM keeps no table
+            return None
+    if len(set(identities.values())) != len(identities):
+        return None  # two choices Inductor tells apart that would share a time here
+    return Table(table_key(list(identities.values()), gpu, toolchain), identities)
+
+
+def _read_with_table(
+    client: KernelClient, table: Table | None, names: list[str]
+) -> tuple[dict[Any, float] | None, dict[str, float]]:
+    """In one round trip: the GEMM's whole table (every choice's time) if stored, else the
+    Triton candidates' stored timings."""
+    if table is None:
+        return None, _read(client, names)
+    entries = client.store.get_many([table.key, *names])
+    if entries[0] is not None:
+        ordered = list(table.identities.values())
+        found = table_of(entries[0].payload(), ordered)
+        if found is not None:
+            return {c: found[i] for c, i in table.identities.items()}, {}
+    timings: dict[str, float] = {}
+    for name, entry in zip(names, entries[1:], strict=True):
+        if entry is not None and (ms := timing_of(entry.payload())) is not None:
+            timings[name] = ms
+    return None, timings
+
+
+def remember(client: KernelClient, table: Table, timings: dict[Any, float]) -> None:
+    """Store the GEMM's table once every choice has a time: a later process, on any rank or
+    machine with this GPU model, then times none of them, ATen's included, and picks alike."""
+    try:
+        if all(c in timings for c in table.identities):
+            by_identity = {i: float(timings[c]) for c, i in table.identities.items()}
+            client.store.put(table.key, table_payload(by_identity, client.client_id))
+    except redis.RedisError as e:
+        client.redis_failed(e)
+    except Exception as e:
+        boundary.internal_error("storing an autotuning table", e)
 
 
 def share(client: KernelClient, names: dict[Any, str], measured: dict[Any, float]) -> None:
@@ -293,15 +373,17 @@ def _activate(module: Any) -> None:
     autotune_process.benchmark_in_sub_process = _in_sub_process(sub)
 
 
-def _timed(
+def timed(
+    client: KernelClient | None,
     choices: Sequence[Any],
-    shareable: bool,
     measure: Callable[[list[Any]], dict[Any, float]],
+    shareable: bool = True,
+    gpu: str | None = None,
 ) -> dict[Any, float]:
     """Timings of ``choices``: what the cluster answers (if ``shareable``), and ``measure``'s
-    for the rest, which a worker's codegen then stores for everyone."""
-    client = _client
-    tuned = tune(client, choices) if client is not None and shareable else Tuned()
+    for the rest, which a worker's codegen then stores for everyone; and the GEMM's whole
+    table, stored once complete. ``gpu``: as for ``tune``."""
+    tuned = tune(client, choices, gpu) if client is not None and shareable else Tuned()
     rest = [c for c in choices if c not in tuned.timings]
     timings = dict(tuned.timings)
     if rest:
@@ -309,6 +391,8 @@ def _timed(
         timings.update(measured)
         if client is not None and tuned.share:
             share(client, tuned.share, measured)
+    if client is not None and tuned.table is not None:
+        remember(client, tuned.table, timings)
     return {c: timings[c] for c in choices if c in timings}
 
 
@@ -331,7 +415,8 @@ def _in_current_process(
 
         # Inputs Inductor makes itself (indices that must stay in range) cannot be remade on a
         # worker from sizes alone; a collective needs every rank in this very process.
-        return _timed(choices, not input_gen_fns and not kwargs.get("is_collective"), measure)
+        shareable = not input_gen_fns and not kwargs.get("is_collective")
+        return timed(_client, choices, measure, shareable)
 
     return benchmark_in_current_process
 
@@ -352,7 +437,7 @@ def _in_sub_process(original: Callable[..., dict[Any, float]]) -> Callable[..., 
     def benchmark_in_sub_process(
         choices: Sequence[Any], *args: Any, **kwargs: Any
     ) -> dict[Any, float]:
-        return _timed(choices, True, lambda rest: original(rest, *args, **kwargs))
+        return timed(_client, choices, lambda rest: original(rest, *args, **kwargs))
 
     return benchmark_in_sub_process
 

@@ -132,3 +132,50 @@ def timing_of(payload: bytes) -> float | None:
     if isinstance(ms, bool) or not isinstance(ms, int | float) or not ms >= 0:
         return None
     return float(ms)
+
+
+#: A GEMM's whole table: the time of every one of its choices, Triton's and ATen's, as the
+#: process that autotuned it first measured them (``scheduler/tuning.py``).
+TABLE_KIND = "tunetable"
+#: A table lists tens of choices; anything far larger is not one compileq wrote.
+_MAX_TABLE = 4096
+
+
+def table_key(identities: list[str], gpu: str, toolchain: Toolchain) -> str:
+    """The key of a GEMM's table: its choices (a Triton candidate by its timing key, which holds
+    the sizes, strides and GPU model; another choice by Inductor's ``hash_key``), order aside."""
+    material = {
+        "kind": TABLE_KIND,
+        "format": FORMAT,
+        "toolchain": toolchain.digest,
+        "gpu": gpu,
+        "choices": sorted(identities),
+    }
+    return keys.artifact_of(TABLE_KIND, material)
+
+
+def table_payload(timings: dict[str, float], by: str) -> bytes:
+    """Every choice's time in ms by identity; ``null`` for one that failed (inf)."""
+    times = {k: (ms if math.isfinite(ms) else None) for k, ms in timings.items()}
+    return json.dumps({"ms": times, "by": by}).encode()
+
+
+def table_of(payload: bytes, identities: list[str]) -> dict[str, float] | None:
+    """The stored time of each of ``identities``; None unless the table holds every one, each a
+    time in ms (or ``null``: inf)."""
+    try:
+        times = json.loads(payload)["ms"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(times, dict) or len(times) > _MAX_TABLE:
+        return None
+    out: dict[str, float] = {}
+    for identity in identities:
+        ms = times.get(identity, -1)
+        if ms is None:
+            out[identity] = math.inf
+        elif isinstance(ms, bool) or not isinstance(ms, int | float) or not ms >= 0:
+            return None
+        else:
+            out[identity] = float(ms)
+    return out
