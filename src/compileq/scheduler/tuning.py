@@ -54,6 +54,7 @@ import redis
 from compileq import keys
 from compileq._log import warn_once
 from compileq.cache.counters import Counter
+from compileq.fingerprint import Toolchain
 from compileq.scheduler import boundary, import_hooks, leases
 from compileq.scheduler.client import KernelClient
 from compileq.tasks import device_index, events
@@ -159,7 +160,9 @@ def _tune(client: KernelClient, choices: Sequence[Any], gpu: str | None) -> Tune
     return Tuned(out, share, table)
 
 
-def _table(choices: Sequence[Any], keyed: dict[Any, str], gpu: str, toolchain: Any) -> Table | None:
+def _table(
+    choices: Sequence[Any], keyed: dict[Any, str], gpu: str, toolchain: Toolchain
+) -> Table | None:
     """The GEMM's table, keyed by every choice's identity: a Triton candidate's timing key,
     another choice's (ATen's) ``hash_key()``, which names its op and arguments; the sizes come
     with the Triton candidates' keys. None if some choice has no stable identity."""
@@ -186,15 +189,10 @@ def _read_with_table(
         return None, _read(client, names)
     entries = client.store.get_many([table.key, *names])
     if entries[0] is not None:
-        ordered = list(table.identities.values())
-        found = table_of(entries[0].payload(), ordered)
+        found = table_of(entries[0].payload(), list(table.identities.values()))
         if found is not None:
             return {c: found[i] for c, i in table.identities.items()}, {}
-    timings: dict[str, float] = {}
-    for name, entry in zip(names, entries[1:], strict=True):
-        if entry is not None and (ms := timing_of(entry.payload())) is not None:
-            timings[name] = ms
-    return None, timings
+    return None, _timings(names, entries[1:])
 
 
 def remember(client: KernelClient, table: Table, timings: dict[Any, float]) -> None:
@@ -259,8 +257,13 @@ def _on_cuda0(meta: Any) -> Any:
 
 
 def _read(client: KernelClient, names: list[str]) -> dict[str, float]:
+    return _timings(names, client.store.get_many(names))
+
+
+def _timings(names: list[str], entries: Sequence[Any]) -> dict[str, float]:
+    """The readable timings among the store's ``entries`` of ``names``."""
     found: dict[str, float] = {}
-    for name, entry in zip(names, client.store.get_many(names), strict=True):
+    for name, entry in zip(names, entries, strict=True):
         if entry is not None and (ms := timing_of(entry.payload())) is not None:
             found[name] = ms
     return found

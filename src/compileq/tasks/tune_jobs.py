@@ -123,15 +123,18 @@ def timing_payload(ms: float, by: str, error: str | None = None) -> bytes:
 def timing_of(payload: bytes) -> float | None:
     """The stored time in ms (``inf`` for a candidate that failed), or None if unreadable."""
     try:
-        obj = json.loads(payload)
-        ms = obj["ms"]
+        return _ms(json.loads(payload)["ms"])
     except (ValueError, KeyError, TypeError):
         return None
-    if ms is None:
+
+
+def _ms(value: Any) -> float | None:
+    """A stored time: ms, ``null`` for a choice that failed (inf); None for anything else."""
+    if value is None:
         return math.inf
-    if isinstance(ms, bool) or not isinstance(ms, int | float) or not ms >= 0:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
         return None
-    return float(ms)
+    return float(value)
 
 
 #: A GEMM's whole table: the time of every one of its choices, Triton's and ATen's, as the
@@ -171,11 +174,8 @@ def table_of(payload: bytes, identities: list[str]) -> dict[str, float] | None:
         return None
     out: dict[str, float] = {}
     for identity in identities:
-        ms = times.get(identity, -1)
+        ms = _ms(times.get(identity, -1))  # a choice the table lacks reads as -1: refused
         if ms is None:
-            out[identity] = math.inf
-        elif isinstance(ms, bool) or not isinstance(ms, int | float) or not ms >= 0:
             return None
-        else:
-            out[identity] = float(ms)
+        out[identity] = ms
     return out
