@@ -120,13 +120,16 @@ class Cluster:
             Path(path).mkdir(parents=True, exist_ok=True)
 
     def flush(self, compileq: bool = True, stock: bool = True) -> None:
-        """Empty compileq's cache (workers' liveness kept) and/or stock's remote cache."""
+        """Empty compileq's cache and/or stock's remote cache: a cold cluster, whose workers
+        have started. What their start put there is kept: liveness, and the verdicts of their
+        CPU's vector-ISA probes (a CPU client would otherwise compile the probes again before
+        its first graph, 4.8 s on the 2-core machine, which no started cluster makes it do)."""
         client = self.client()
         for key in client.scan_iter(count=1000):
             name = key.decode()
             if name.startswith(keys.PREFIX + ":"):
                 keep = name == keys.WORKER_REGISTRY or name.startswith(
-                    (keys.WORKERS, keys.WORKER_INFO, keys.BROKER)
+                    (keys.WORKERS, keys.WORKER_INFO, keys.BROKER, keys.artifact("isa", ""))
                 )
                 if compileq and not keep:
                     client.delete(key)
