@@ -119,18 +119,20 @@ class Cluster:
             shutil.rmtree(path, ignore_errors=True)
             Path(path).mkdir(parents=True, exist_ok=True)
 
-    def flush(self, compileq: bool = True, stock: bool = True) -> None:
+    def flush(self, compileq: bool = True, stock: bool = True, keep_start: bool = True) -> None:
         """Empty compileq's cache and/or stock's remote cache: a cold cluster, whose workers
-        have started. What their start put there is kept: liveness, and the verdicts of their
-        CPU's vector-ISA probes (a CPU client would otherwise compile the probes again before
-        its first graph, 4.8 s on the 2-core machine, which no started cluster makes it do)."""
+        have started. What their start put there is kept: liveness, and (``keep_start``) the
+        verdicts of their CPU's vector-ISA probes (a CPU client would otherwise compile the
+        probes again before its first graph, 4.8 s on the 2-core machine, which no started
+        cluster makes it do). Without ``keep_start``, only what a workload stores is measured."""
         client = self.client()
+        started = (keys.WORKERS, keys.WORKER_INFO, keys.BROKER)
+        if keep_start:
+            started += (keys.artifact("isa", ""),)
         for key in client.scan_iter(count=1000):
             name = key.decode()
             if name.startswith(keys.PREFIX + ":"):
-                keep = name == keys.WORKER_REGISTRY or name.startswith(
-                    (keys.WORKERS, keys.WORKER_INFO, keys.BROKER, keys.artifact("isa", ""))
-                )
+                keep = name == keys.WORKER_REGISTRY or name.startswith(started)
                 if compileq and not keep:
                     client.delete(key)
             elif stock:
