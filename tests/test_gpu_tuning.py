@@ -5,7 +5,7 @@ workers/tune.py), each with its own cache dirs as on two nodes. The script-defin
 ``examples/mlp_autotune.py`` runs as ``__main__`` under stock and under ``compileq run``, each
 a fresh process on empty cache dirs. A training process generating its graphs itself
 (``--no-fx``) sends the candidates to the workers; a worker generating a graph times them
-itself; both store the timings for everyone.
+itself; both store the timings for everyone, and each GEMM's whole table once complete.
 
     python -m pytest tests/test_gpu_tuning.py
 """
@@ -153,9 +153,9 @@ def test_a_workers_codegen_times_candidates_itself_and_a_new_machine_finds_them_
 def test_a_gemms_table_lets_a_new_machine_time_no_choice_at_all(
     env: Env, redis_server: RedisServer, tmp_path: Path
 ) -> None:
-    """No GPU worker at all: the first process times every choice itself and stores each
-    GEMM's table; a new machine generating the same graphs finds every table and times none,
-    ATen's choices included."""
+    """The first process stores each GEMM's table once every choice has a time (timed by it,
+    or by the module's GPU workers if they run); a new machine generating the same graphs finds
+    every table and times no choice, ATen's included."""
     client = redis_server.client()
     wipe_cache(client)
     first, _ = run_script(env, tmp_path, "first", "run", "--no-fx")
