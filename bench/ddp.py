@@ -16,8 +16,9 @@ Each repetition runs, in fresh process trees:
   the second on empty local dirs (a new machine on a warm cluster);
 * ``compileq_cold_lazy``: ``compileq run`` with ``COMPILEQ_SPECULATE=0`` on a cold cluster
   (each backward sent at its first backward call, as stock compiles it);
-* ``compileq_cold``: ``compileq run``, compileq's store emptied and the workers' local caches
-  wiped (a cold cluster), backwards sent when AOTAutograd partitions their graphs;
+* ``compileq_cold``: ``compileq run``, compileq's store emptied but for what the workers'
+  start stored (``Cluster.flush``) and the workers' local caches wiped (a cold cluster),
+  backwards sent when AOTAutograd partitions their graphs;
 * ``compileq_new``: ``compileq run`` again on empty local dirs (every entry looked up in
   compileq's store as Inductor asks for it);
 * ``compileq_new_no_gc_window``: the same with ``COMPILEQ_GC_WINDOW=0`` (Python's full
