@@ -198,22 +198,34 @@ def _read_with_table(
 def remember(client: KernelClient, table: Table, timings: dict[Any, float]) -> None:
     """Store the GEMM's table once every choice has a time: a later process, on any rank or
     machine with this GPU model, then times none of them, ATen's included, and picks alike."""
-    try:
-        if all(c in timings for c in table.identities):
-            by_identity = {i: float(timings[c]) for c, i in table.identities.items()}
-            client.store.put(table.key, table_payload(by_identity, client.client_id))
-    except redis.RedisError as e:
-        client.redis_failed(e)
-    except Exception as e:
-        boundary.internal_error("storing an autotuning table", e)
+
+    def entries() -> dict[str, bytes]:
+        if not all(c in timings for c in table.identities):
+            return {}
+        by_identity = {i: float(timings[c]) for c, i in table.identities.items()}
+        return {table.key: table_payload(by_identity, client.client_id)}
+
+    _put(client, entries)
 
 
 def share(client: KernelClient, names: dict[Any, str], measured: dict[Any, float]) -> None:
     """Store the timings this worker's codegen took of candidates the store lacked."""
+    _put(
+        client,
+        lambda: {
+            name: timing_payload(float(measured[choice]), client.client_id)
+            for choice, name in names.items()
+            if choice in measured
+        },
+    )
+
+
+def _put(client: KernelClient, entries: Callable[[], dict[str, bytes]]) -> None:
+    """Store what ``entries`` makes; any failure, making them included, costs the cluster
+    these timings, never the compile."""
     try:
-        for choice, name in names.items():
-            if choice in measured:
-                client.store.put(name, timing_payload(float(measured[choice]), client.client_id))
+        for name, payload in entries().items():
+            client.store.put(name, payload)
     except redis.RedisError as e:
         client.redis_failed(e)
     except Exception as e:
