@@ -4,6 +4,8 @@
 fresh process on empty local cache dirs, in one invocation:
 
 - ``stock``: stock Inductor, no Redis, no workers.
+- ``stock-again``: the same, a second fresh process: stock's own spread, in its picks (timed
+  anew by each process) and in the compiled step's speed.
 - ``compileq-no-fx-tune-off``: ``compileq run --no-fx`` on a cold cluster (graphs generated in
   the training process, kernels built on the workers) with ``COMPILEQ_TUNE_ON_WORKERS=0``:
   candidates timed one after another in the training process, as stock does.
@@ -19,7 +21,9 @@ count: on a one-GPU machine they share GPU 0 and take turns on it). Each run rep
 first step's time, launch to end of that step (``done_s``), losses, compileq's counters
 (``tune_*``, kernels) and Inductor's AUTOTUNE tables (client stderr and worker logs): per GEMM
 the pick, its time, the seconds spent timing and precompiling. ``picks`` compares each run's
-picks with stock's: a differing pick is given with the time stock's own table gave it.
+picks with stock's: a differing pick is given with the time stock's own table gave it. What a
+pick costs is read from ``step_ms``: the compiled step's speed after compile (median of the
+script's timed rounds), against stock's (``vs_stock_step``).
 
     python -m bench.autotune [--workers 2] [--small] [--runs stock,compileq,...] [--out DIR]
 """
@@ -30,6 +34,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -47,12 +52,15 @@ from compileq.tasks.tune_jobs import KIND, TABLE_KIND
 SCRIPT = ROOT / "examples" / "mlp_autotune.py"
 RUNS = (
     "stock",
+    "stock-again",
     "compileq-no-fx-tune-off",
     "compileq-no-fx",
     "compileq-timings-warm",
     "compileq",
 )
 
+#: Runs of stock Inductor alone: no compileq, no workers.
+STOCK = ("stock", "stock-again")
 _TAG = re.compile(r"(ForkPoolWorker-\d+|MainProcess)")
 _HEADER = re.compile(r"AUTOTUNE (\w+\(.*\))\s*$")
 _ROW = re.compile(r"\s(\w+) (\d+\.\d+) ms (\d+\.\d+)% ?(.*)$")
@@ -166,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                 cluster.wipe_worker_caches()
             else:  # every artifact but the timings: graphs generated and kernels built again
                 drop_all_but_timings(cluster.client())
-            if mode != "stock" and not workers:
+            if mode not in STOCK and not workers:
                 started = time.perf_counter()
                 logs = [workdir / f"worker-{i}.log" for i in range(args.workers)]
                 workers = [
@@ -186,11 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         for proc in workers:
             stop(proc)
         cluster.close()
-    stock = report["runs"]["stock"]
-    for mode in runs[1:]:
-        run = report["runs"][mode]
-        run["vs_stock_done"] = round(run["done_s"] / stock["done_s"], 3)
-        run["picks"] = compare_picks(stock["tables"], run["tables"])
+    against_stock(report["runs"])
     for log in sorted(workdir.glob("worker-*.log")):
         (out / f"autotune-{log.name}").write_text(log.read_text()[-2_000_000:])
     (out / "autotune.json").write_text(json.dumps(report, indent=1))
@@ -199,9 +203,23 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{mode:24s} done {run['done_s']:7.2f}s  first step {run['first_step_s']:7.2f}s  "
             f"timing {run['bench_s']:6.2f}s  precompile {run['precompile_s']:6.2f}s  "
+            f"step {run['step_ms']} ms  "
             f"tables {len(run['tables'])}  tune {run['tune']}  picks {run.get('picks', '')}"
         )
     return 0
+
+
+def against_stock(runs: dict[str, dict[str, Any]]) -> None:
+    """Each run beside stock's, in place: time to done, the compiled step's speed (where both
+    were timed) and the picks."""
+    stock = runs["stock"]
+    for mode, run in runs.items():
+        if mode == "stock":
+            continue
+        run["vs_stock_done"] = round(run["done_s"] / stock["done_s"], 3)
+        if run.get("step_ms") and stock.get("step_ms"):
+            run["vs_stock_step"] = round(run["step_ms"] / stock["step_ms"], 3)
+        run["picks"] = compare_picks(stock["tables"], run["tables"])
 
 
 def drop_all_but_timings(client: redis.Redis, keep_tables: bool = False) -> None:
@@ -222,11 +240,11 @@ def _run(
         "TORCHINDUCTOR_AUTOTUNE_NUM_CHOICES_DISPLAYED": "all",
     }
     cmd = [sys.executable, str(SCRIPT), *size]
-    if mode != "stock":
+    if mode not in STOCK:
         cmd = [sys.executable, "-m", "compileq.cli", "run", "--", *cmd]
     if mode == "compileq-no-fx-tune-off":
         env["COMPILEQ_TUNE_ON_WORKERS"] = "0"
-    if mode != "compileq" and mode != "stock":
+    if mode != "compileq" and mode not in STOCK:
         cmd.insert(cmd.index("--"), "--no-fx")
     before = cluster.stats()
     offsets = [log.stat().st_size for log in logs]
@@ -248,6 +266,8 @@ def _run(
         "done_s": round(result["finished_at"] - launched, 2),
         "first_step_s": round(result["first_step_s"], 2),
         "losses": result["losses"],
+        "step_ms": statistics.median(result["step_ms"]) if result.get("step_ms") else None,
+        "step_ms_rounds": result.get("step_ms", []),
         "bench_s": round(sum(t.get("bench_s", 0.0) for t in tables), 2),
         "precompile_s": round(sum(t.get("precompile_s", 0.0) for t in tables), 2),
         "tune": {k: v for k, v in delta.items() if k.startswith("tune_")},

@@ -6,7 +6,9 @@ step per ``--steps``. Needs a CUDA GPU (max-autotune's Triton templates).
     python mlp_autotune.py [--device cuda:K] [--dim D] [--hidden H] [--layers L] [--batch B]
 
 Prints one JSON line: the losses, the first step's time and when it ended (``finished_at``,
-wall clock). Inductor prints each GEMM's candidates and timings (``AUTOTUNE ...``) to stderr.
+wall clock), and then the compiled step's own speed: ``--rounds`` rounds of ``--timed-steps``
+steps each, in milliseconds per step (``step_ms``), which is what the GEMMs' picks decide.
+Inductor prints each GEMM's candidates and timings (``AUTOTUNE ...``) to stderr.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--batch", type=int, default=512)
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--timed-steps", type=int, default=50, help="steps per timed round")
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds (0: none)")
     args = parser.parse_args()
     torch.manual_seed(0)
     device = torch.device(args.device)
@@ -76,7 +80,26 @@ def main() -> None:
         if i == 0:
             first_step_s = time.perf_counter() - started
             finished_at = time.time()
-    print(json.dumps({"losses": losses, "first_step_s": first_step_s, "finished_at": finished_at}))
+    step_ms = []
+    for _ in range(args.rounds):
+        torch.cuda.synchronize(device)
+        started = time.perf_counter()
+        for _ in range(args.timed_steps):
+            step()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize(device)
+        step_ms.append(round((time.perf_counter() - started) * 1000 / args.timed_steps, 4))
+    print(
+        json.dumps(
+            {
+                "losses": losses,
+                "first_step_s": first_step_s,
+                "finished_at": finished_at,
+                "step_ms": step_ms,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

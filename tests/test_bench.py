@@ -213,3 +213,24 @@ def test_the_autotune_bench_refuses_a_run_it_does_not_know_before_touching_a_gpu
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert "unknown runs: compileq-typo" in err and "compileq-no-fx" in err
+
+
+def test_each_autotune_run_is_put_beside_stock_by_time_step_speed_and_picks() -> None:
+    stock_table, worker_table, _ = autotune_tables(AUTOTUNE_LOG)
+    runs: dict[str, dict[str, Any]] = {
+        "stock": {"done_s": 100.0, "step_ms": 2.0, "tables": [stock_table]},
+        "stock-again": {"done_s": 90.0, "step_ms": 2.1, "tables": [stock_table]},
+        "compileq": {"done_s": 50.0, "step_ms": 1.9, "tables": [worker_table]},
+        "compileq-no-fx": {"done_s": 60.0, "step_ms": None, "tables": []},
+    }
+    autotune.against_stock(runs)
+    assert "vs_stock_done" not in runs["stock"]
+    assert (runs["stock-again"]["vs_stock_done"], runs["stock-again"]["vs_stock_step"]) == (
+        0.9,
+        1.05,
+    )
+    assert runs["stock-again"]["picks"]["same"] == 1
+    assert (runs["compileq"]["vs_stock_done"], runs["compileq"]["vs_stock_step"]) == (0.5, 0.95)
+    assert runs["compileq"]["picks"]["same"] == 0
+    # A run whose step was not timed has no step ratio, rather than a wrong one.
+    assert "vs_stock_step" not in runs["compileq-no-fx"]
