@@ -275,3 +275,28 @@ def test_a_pool_processs_first_graph_finds_inductors_code_generators_imported(
     # Only the graph's own generated modules (torch._inductor.runtime.compile_tasks.<hash>)
     # may be new; no code generator or C++ build helper.
     assert [m for m in imported if "compile_tasks" not in m] == [], imported
+
+
+def test_a_codegen_postpones_full_collections_and_leaves_the_thresholds_as_they_were() -> None:
+    import gc
+
+    from compileq.workers.fx import _full_collections_postponed
+
+    generations: list[int] = []
+
+    def seen(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            generations.append(info["generation"])
+
+    before = gc.get_threshold()
+    gc.callbacks.append(seen)
+    try:
+        with _full_collections_postponed():
+            for _ in range(300_000):  # cycles, as a codegen makes: young collections run
+                node: list[Any] = []
+                node.append(node)
+        during = list(generations)
+    finally:
+        gc.callbacks.remove(seen)
+    assert during and 2 not in during, sorted(set(during))
+    assert gc.get_threshold() == before

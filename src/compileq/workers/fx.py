@@ -65,6 +65,8 @@ def execute_compile_fx(task_key: object) -> str:
         laps.describe(),
         within,
     )
+    # The full collections postponed during codegen, now that the client has its output.
+    gc.collect()
     return "built"
 
 
@@ -124,6 +126,7 @@ def generate(ctx: WorkerContext, job: FxJob, laps: Laps) -> tuple[bytes, str]:
         _codegen_env(job.env),
         _codegen_state(job.state),
         wire(),
+        _full_collections_postponed(),
         _collections() as collected,
     ):
         output = _OutOfProcessFxCompile._run_in_child(_WireProtocolPickledInput(job.pickled_input))
@@ -161,6 +164,32 @@ def _collections() -> Iterator[_Collections]:
         yield seen
     finally:
         gc.callbacks.remove(seen.callback)
+
+
+#: Generation 2's threshold during a codegen: no full collection starts on its own in one.
+_NO_FULL_COLLECTION = 1_000_000_000
+
+
+@contextlib.contextmanager
+def _full_collections_postponed() -> Iterator[None]:
+    """No full collection during a codegen; the job runs one once its client has the output.
+
+    A pool process keeps what each graph leaves (loaded modules, kernels, Inductor's
+    memos), so a full collection walks more with every graph it generates: on an H100 worker
+    (docs/BENCHMARKS.md) 2-4 of them took 0.11 s of a process's first codegen and 0.46 s of
+    a later one, inside the time a client waits. Young collections still run, so a long
+    codegen's short-lived garbage is freed as before; only what survives into the oldest
+    generation waits, for one codegen. Rejected: the client's window (``gc.freeze()`` and
+    ``gc.unfreeze()``, see scheduler/gc_window.py), because ``unfreeze`` has no partial form
+    and would thaw what the worker froze before forking its pool: each process would then
+    write to the pages it shares with its parent (copy on write) at its next full collection.
+    """
+    thresholds = gc.get_threshold()
+    gc.set_threshold(thresholds[0], thresholds[1], _NO_FULL_COLLECTION)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
 
 
 @contextlib.contextmanager
