@@ -197,6 +197,11 @@ class Settings(BaseSettings):
         description="With fx: send a training graph's backward to the workers when AOTAutograd "
         "partitions it, beside its forward, not at its first backward call.",
     )
+    defer_forwards: bool = Field(
+        True,
+        description="With fx: under DDP, let each subgraph's forward compile go on while its "
+        "worker generates it, and load them all at the end of the frame's compile.",
+    )
     # Declared after the URLs: its validator reads them, and pydantic validates in this order.
     # validate_default: an unset master is exactly the mistake to catch.
     sentinel_master: str | None = Field(

@@ -45,6 +45,11 @@ class Counter(str, enum.Enum):
     #: ones recorded so that they can be (scheduler/ddp_aot.py).
     DDP_SUBGRAPH_LOADS = "ddp_subgraph_loads"
     DDP_SUBGRAPH_RECORDS = "ddp_subgraph_records"
+    #: DDP subgraphs' forwards whose compile went on without waiting for their worker, and
+    #: frames compiled again because a graph's output strides were not the traced ones
+    #: (scheduler/deferred.py).
+    DDP_FORWARDS_DEFERRED = "ddp_forwards_deferred"
+    DDP_FORWARD_MISPREDICTIONS = "ddp_forward_mispredictions"
     AOT_HITS = "aot_hits"
     AOT_MISSES = "aot_misses"
     CPP_HITS = "cpp_hits"

@@ -42,7 +42,7 @@ from typing import Any
 from compileq import keys
 from compileq._log import log, warn_once
 from compileq.cache.counters import Counter
-from compileq.scheduler import index_free
+from compileq.scheduler import deferred, index_free
 from compileq.scheduler.patches import Patches
 
 KIND = "aotddp"
@@ -268,14 +268,25 @@ def _post_compile(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def post_compile(self: Any, compiled_fn: Any, aot_config: Any, **kwargs: Any) -> Any:
         wrapped = original(self, compiled_fn, aot_config, **kwargs)
+        # A forward whose worker is still generating it: its outputs are recorded only once
+        # its real strides are known to be the ones returned (see scheduler/deferred.py).
+        forward = deferred.just_deferred()
         if getattr(self, "needs_post_compile", False) and _store is not None:
-            try:
-                _record(aot_config, self.out_metas)
-            except Exception as e:  # the record may be lost, never the compile
-                warn_once("ddp-aot", "compileq: DDP subgraph outputs not stored (%s)", e)
+            record = functools.partial(_record_safely, aot_config, list(self.out_metas))
+            if forward is None:
+                record()
+            else:
+                forward.when_verified(record)
         return wrapped
 
     return post_compile
+
+
+def _record_safely(aot_config: Any, fakes: list[Any]) -> None:
+    try:
+        _record(aot_config, fakes)
+    except Exception as e:  # the record may be lost, never the compile
+        warn_once("ddp-aot", "compileq: DDP subgraph outputs not stored (%s)", e)
 
 
 def _record(aot_config: Any, fakes: list[Any]) -> None:

@@ -241,6 +241,30 @@ def run_remote(
         raise Fallback("fx-too-large", str(e)) from e
 
 
+def send_only(
+    client: KernelClient, job: FxJob, queue: str, meanwhile: Callable[[], None] = lambda: None
+) -> bytes | None:
+    """The job's output if the store has it; else enqueue the job (unless it is in flight
+    already) and return None without waiting: ``run_remote`` with the same job waits later.
+
+    ``meanwhile`` runs once this process has sent the job, as in ``run_remote``.
+    """
+    key = job.key()
+    try:
+        entry = client.store.get_many([key])[0]
+        if entry is not None:
+            client.received(key)
+            return entry.payload()
+        if _send_once(client, job, key, queue):
+            meanwhile()
+        return None
+    except redis.RedisError as e:
+        client.redis_failed(e)
+        raise Fallback("fx-redis", f"Redis failed ({e})") from e
+    except EntryTooLarge as e:
+        raise Fallback("fx-too-large", str(e)) from e
+
+
 def send_ahead(client: KernelClient, job: FxJob, queue: str) -> bool:
     """Enqueue the job unless it is generated or in flight already; do not wait for it.
 

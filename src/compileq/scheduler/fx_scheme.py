@@ -17,7 +17,7 @@ from torch._inductor.compile_fx_ext import (
 )
 
 from compileq._log import log
-from compileq.scheduler import boundary, fx_key, fx_remote, speculative
+from compileq.scheduler import boundary, deferred, fx_key, fx_remote, speculative
 from compileq.scheduler.fx_remote import Fallback, Route
 from compileq.tasks import device_index, portable
 from compileq.tasks.fx_jobs import FxJob
@@ -65,12 +65,53 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
         self._stock_ran = False
         try:
             self._route_and_key(gm, example_inputs, inputs_to_check, graph_kwargs)
+            if deferred.wanted(gm, example_inputs, graph_kwargs):
+                return self._send_and_defer(gm, example_inputs, inputs_to_check, graph_kwargs)
             return super().codegen_and_compile(gm, example_inputs, inputs_to_check, graph_kwargs)
         except Fallback as e:
             # Raised before Inductor touched anything of the graph's (routing, or waiting
             # for the worker): compiling it here now is the same compile stock would run.
             fx_remote.fell_back(e)
         return self._in_process(gm, example_inputs, inputs_to_check, graph_kwargs)
+
+    def _send_and_defer(
+        self,
+        gm: Any,
+        example_inputs: Sequence[Any],
+        inputs_to_check: Sequence[int],
+        graph_kwargs: Any,
+    ) -> Any:
+        """Send this DDP subgraph's forward and let the compile go on without its output (see
+        ``deferred``); an output already in the store is loaded at once, as always."""
+        serialized = self.serialize_compile(gm, example_inputs, inputs_to_check, graph_kwargs)
+        if not serialized:  # counted as a fallback by serialize_compile
+            return self._in_process(gm, example_inputs, inputs_to_check, graph_kwargs)
+        pickled, constants = serialized
+        route, client = self._route, fx_remote.client()
+        if route is None or client is None:
+            raise Fallback("fx-off", "remote FX codegen is not set up in this process")
+        job = self._job(route, pickled, self._graph_key)
+        output = fx_remote.send_only(client, job, route.queue, speculative.forward_sent)
+        fx_remote.mark_remote(True)
+        if output is not None:
+            return self._loaded(output, route.device_index, constants)
+
+        def fetch() -> Any:
+            return self._loaded(
+                fx_remote.run_remote(client, job, route.queue), route.device_index, constants
+            )
+
+        return deferred.defer(fetch, gm, example_inputs)
+
+    def _loaded(self, output: bytes, index: int | None, constants: Any) -> Any:
+        """The worker's output as Inductor's own out-of-process compile loads it."""
+        from torch._inductor.output_code import CompiledFxGraph
+
+        loaded = _ClientOutput(output, index).deserialize(constants)
+        if isinstance(loaded.graph, CompiledFxGraph):
+            loaded.graph.compile_region_name = getattr(self, "compile_region_name", None)
+        self._postprocess(loaded)
+        return loaded.graph
 
     def _send_ahead(
         self,

@@ -14,7 +14,7 @@ from compileq._log import log, warn_once
 from compileq.cache.counters import Counter
 from compileq.config import Settings, get_settings
 from compileq.errors import ConfigError
-from compileq.scheduler import boundary, fx_remote, speculative, tuning
+from compileq.scheduler import boundary, deferred, fx_remote, speculative, tuning
 from compileq.scheduler.client import KernelClient
 from compileq.scheduler.local import LocalBuilder
 from compileq.scheduler.pool import CompileqPool
@@ -76,6 +76,8 @@ def install(
                 fx_remote.enable(_installed.pool.client)
                 if settings.speculate:
                     speculative.enable()
+                if settings.defer_forwards:
+                    deferred.enable(functools.partial(_count, _installed.pool.client))
             if settings.graph_cache:
                 from compileq.scheduler import graph_cache
 
@@ -145,6 +147,8 @@ def install(
             fx_remote.enable(client)
             if settings.speculate:
                 speculative.enable()
+            if settings.defer_forwards:
+                deferred.enable(functools.partial(_count, client))
         AsyncCompile._ready_future = None
         # With one compile thread Inductor never uses a pool; compileq's pool costs no CPU
         # here, so allow the parallel path even on a one-core client.
@@ -153,6 +157,13 @@ def install(
         _installed.fx = want_fx and on_worker is None
     log.info("compileq: installed (redis %s%s)", settings.redis_display, ", FX" if want_fx else "")
     return True
+
+
+def _count(client: KernelClient, counter: Counter) -> None:
+    try:
+        client.store.count({counter: 1})
+    except Exception as e:  # a count may be lost, never a compile
+        log.debug("compileq: %s not counted (%s)", counter.value, e)
 
 
 def uninstall() -> None:
@@ -180,6 +191,7 @@ def uninstall() -> None:
         index_free.disable()
         fx_remote.disable()
         speculative.disable()
+        deferred.disable()
         graph_cache.disable()
         cpp_cache.disable()
         AsyncCompile._ready_future = None

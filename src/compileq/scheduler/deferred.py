@@ -1,0 +1,297 @@
+"""A DDP subgraph's forward does not wait for its worker: all of a frame's forwards generate at once.
+
+Under DDP, Dynamo's DDPOptimizer compiles a frame's subgraphs one after another: it compiles
+bucket k, then runs the compiled bucket on fake tensors to make bucket k + 1's inputs
+(``SubmodCompiler.run_node``). That first call is fake (``fakify_first_call``): it returns the
+forward graph's traced outputs restrided to the strides Inductor chose, read from the compiled
+graph (``FakifiedOutWrapper``). So the next bucket waits for the whole of this one's codegen,
+although all it needs are its outputs' strides, and with codegen on workers the forwards of a
+frame generate one after another while the cluster could generate them all at once.
+
+compileq sends such a forward's job and lets the compile go on as if Inductor had kept every
+output's traced stride (user-visible outputs are kept so, ``keep_output_stride``; the others in
+practice, as checked below). The compile gets a stand-in (:class:`Forward`) whose first real
+call would fetch the worker's output; at the end of DDPOptimizer's compile, before anything
+runs, every stand-in of the frame is fetched and loaded, and each graph's real output strides
+are compared with the ones assumed:
+
+- All equal (the rule): the frame is exactly what stock would have compiled, its forwards'
+  codegens overlapped. What waited for the output (the FX-cache put, the DDP subgraph record
+  of ``ddp_aot``) is done then.
+- Any different, or a fetch failed: the frame's compile runs again with nothing deferred, as
+  stock would run it (graphs the workers generated are FX-cache hits then), and nothing is
+  deferred again in this process (``ddp_forward_mispredictions``). Slower, never wrong: the
+  stand-ins of the first attempt never run, and no record of a differing graph is stored.
+
+Only where the first call is fake and nothing else reads the compiled forward before its
+first real call: static shapes, no CUDA graphs, no C++ wrapper, no bundled AOTAutograd cache.
+
+Rejected alternatives: generating bucket k + 1 from Inductor's strides of bucket k obtained
+early (the worker would have to report them mid-codegen, and the client still waits for the
+lowering of each bucket in turn); a thread per bucket (Inductor's and AOTAutograd's compile
+state is per process); deferring graphs outside DDPOptimizer (a single graph has no chain, and
+nothing would check its strides before its first call).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from compileq._log import log, warn_once
+from compileq.cache.counters import Counter
+from compileq.scheduler import import_hooks
+
+_DISTRIBUTED = "torch._dynamo.backends.distributed"
+_CODECACHE = "torch._inductor.codecache"
+_thread = threading.local()
+#: Set after a misprediction: this process compiles its DDP forwards as stock from then on.
+_off = False
+_count: Callable[[Counter], None] = lambda counter: None  # noqa: E731
+_original_compile_fn: Callable[..., Any] | None = None
+_original_save: Any = None
+
+
+class Forward:
+    """Stands in for a forward's ``OutputCode`` until its worker's output is fetched.
+
+    Inductor sets its cache key and time on it and calls ``post_compile`` (which puts the
+    assumed output strides where AOTAutograd reads Inductor's); the real graph gets them
+    all once fetched. AOTAutograd calls it boxed, as a ``CompiledFxGraph``.
+    """
+
+    _boxed_call = True
+
+    def __init__(self, fetch: Callable[[], Any], strides: list[tuple[int, ...] | None]) -> None:
+        self._fetch = fetch
+        self.assumed = strides
+        self._post: tuple[Any, ...] | None = None
+        self._graph: Any = None
+        self._then: list[Callable[[Any], None]] = []
+        self._when_verified: list[Callable[[], None]] = []
+
+    def post_compile(self, example_inputs: Any, constants: Any, graph_kwargs: Any) -> None:
+        import torch
+
+        self._post = (example_inputs, constants, graph_kwargs)
+        context = torch._guards.TracingContext.try_get()
+        if context is not None and context.output_strides is not None:
+            context.output_strides.extend(self.assumed)
+
+    def set_triton_bundle(self, bundle: Any) -> None:
+        """Inductor's bundle of this compile's kernels: none were loaded here yet."""
+
+    def then(self, fn: Callable[[Any], None]) -> None:
+        """Run ``fn(graph)`` once the real graph is loaded (Inductor's FX-cache put)."""
+        self._then.append(fn)
+
+    def when_verified(self, fn: Callable[[], None]) -> None:
+        """Run ``fn()`` once the real strides are known to equal the assumed ones."""
+        self._when_verified.append(fn)
+
+    def resolve(self) -> Any:
+        """Fetch, load and post-compile the real graph (once); it is returned."""
+        if self._graph is None:
+            graph = self._fetch()
+            for name in ("_time_taken_ns", "_fx_graph_cache_key", "_fx_graph_cache_debug_lines"):
+                if name in vars(self):
+                    setattr(graph, name, vars(self)[name])
+            if self._post is not None:
+                graph.post_compile(*self._post)
+            self._graph = graph
+            for fn in self._then:
+                fn(graph)
+        return self._graph
+
+    def verified(self) -> bool:
+        """Whether the loaded graph's output strides are the ones the compile went on with."""
+        real = getattr(self._graph, "output_strides", None)
+        if real is None or len(real) != len(self.assumed):
+            return False
+        for got, assumed in zip(real, self.assumed, strict=True):
+            if got is None:  # Inductor gave none: AOTAutograd keeps the traced strides too
+                continue
+            try:
+                if assumed is None or tuple(int(str(s)) for s in got) != assumed:
+                    return False
+            except ValueError:  # a symbolic stride: not what was assumed
+                return False
+        for fn in self._when_verified:
+            fn()
+        return True
+
+    def __call__(self, args: Any) -> Any:
+        return self.resolve()(args)
+
+
+def assumed_strides(gm: Any, example_inputs: Sequence[Any]) -> list[tuple[int, ...] | None] | None:
+    """Each output's traced strides (None for a non-tensor), as AOTAutograd's fake first call
+    would return them; None where any size or stride is symbolic (then nothing is deferred)."""
+    import torch
+
+    for value in example_inputs:
+        if isinstance(value, torch.SymInt) or (
+            isinstance(value, torch.Tensor)
+            and not all(type(n) is int for n in (*value.shape, *value.stride()))
+        ):
+            return None
+    output = next((n for n in reversed(gm.graph.nodes) if n.op == "output"), None)
+    if output is None or not output.args or not isinstance(output.args[0], (list, tuple)):
+        return None
+    strides: list[tuple[int, ...] | None] = []
+    for node in output.args[0]:
+        value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+        if isinstance(value, torch.Tensor):
+            stride = tuple(value.stride())
+            if not all(type(n) is int for n in (*value.shape, *stride)):
+                return None
+            strides.append(stride)
+        else:
+            strides.append(None)
+    return strides
+
+
+def wanted(gm: Any, example_inputs: Sequence[Any], graph_kwargs: Any) -> bool:
+    """Whether this graph's compile may go on without its worker's output (see the module)."""
+    import torch
+
+    if _off or getattr(_thread, "batch", None) is None:
+        return False
+    if graph_kwargs.get("is_backward") or graph_kwargs.get("cpp_wrapper"):
+        return False
+    if bool(graph_kwargs.get("cudagraphs")):
+        return False
+    if torch._functorch.config.bundled_autograd_cache:
+        return False
+    context = torch._guards.TracingContext.try_get()
+    # output_strides is a list only while AOTAutograd compiles a forward and reads them back.
+    if context is None or not context.fakify_first_call or context.output_strides is None:
+        return False
+    return assumed_strides(gm, example_inputs) is not None
+
+
+def defer(fetch: Callable[[], Any], gm: Any, example_inputs: Sequence[Any]) -> Forward:
+    strides = assumed_strides(gm, example_inputs)
+    assert strides is not None  # wanted() said so
+    forward = Forward(fetch, strides)
+    _thread.batch.append(forward)
+    _thread.last = forward
+    _count(Counter.DDP_FORWARDS_DEFERRED)
+    return forward
+
+
+def just_deferred() -> Forward | None:
+    """The forward this thread deferred last, if its compile is the one finishing now (read
+    once, by what AOTAutograd runs right after the forward's compile)."""
+    forward: Forward | None = getattr(_thread, "last", None)
+    _thread.last = None
+    return forward
+
+
+# -- install ----------------------------------------------------------------------------------
+
+
+def enable(count: Callable[[Counter], None]) -> None:
+    """Defer DDP subgraphs' forwards, from the next DDPOptimizer compile on."""
+    global _count
+    _count = count
+    import_hooks.after_import(_DISTRIBUTED, _patch_ddp)
+    import_hooks.after_import(_CODECACHE, _patch_save)
+
+
+def disable() -> None:
+    import sys
+
+    global _original_compile_fn, _original_save, _off
+    ddp: Any = sys.modules.get(_DISTRIBUTED)
+    if ddp is not None and _original_compile_fn is not None:
+        ddp.DDPOptimizer.compile_fn = _original_compile_fn
+    codecache: Any = sys.modules.get(_CODECACHE)
+    if codecache is not None and _original_save is not None:
+        codecache.FxGraphCache._save_graph = _original_save
+    _original_compile_fn = _original_save = None
+    _off = False
+
+
+def _patch_ddp(module: Any) -> None:
+    global _original_compile_fn
+    optimizer = getattr(module, "DDPOptimizer", None)
+    if optimizer is None or _original_compile_fn is not None:
+        return
+    _original_compile_fn = optimizer.compile_fn
+    optimizer.compile_fn = _compile_fn(optimizer.compile_fn)
+
+
+def _patch_save(module: Any) -> None:
+    global _original_save
+    cache = getattr(module, "FxGraphCache", None)
+    if cache is None or _original_save is not None:
+        return
+    _original_save = cache.__dict__["_save_graph"]
+    cache._save_graph = staticmethod(_save_graph)
+
+
+def _save_graph(key: str, graph: Any, *args: Any, **kwargs: Any) -> None:
+    """Inductor's FX-cache put; a deferred forward's happens once its graph is loaded."""
+    from compileq.scheduler import fx_remote
+
+    save = _original_save.__func__
+    if not isinstance(graph, Forward):
+        save(key, graph, *args, **kwargs)
+        return
+    fx_remote.generated_remotely()  # the mark is for the put that now comes later
+
+    def put(real: Any) -> None:
+        fx_remote.mark_remote(True)  # generated by a worker: its put only shares it
+        save(key, real, *args, **kwargs)
+
+    graph.then(put)
+
+
+def _compile_fn(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def compile_fn(self: Any, gm: Any, example_inputs: Any, **configs: Any) -> Any:
+        if _off or getattr(_thread, "batch", None) is not None:
+            return original(self, gm, example_inputs, **configs)
+        batch: list[Forward] = []
+        _thread.batch = batch
+        try:
+            compiled = original(self, gm, example_inputs, **configs)
+        finally:
+            _thread.batch = None
+            _thread.last = None
+        if _settled(batch):
+            return compiled
+        # As stock: every forward waits for its codegen; those the workers generated are hits.
+        return original(self, gm, example_inputs, **configs)
+
+    return compile_fn
+
+
+def _settled(batch: list[Forward]) -> bool:
+    """Fetch and check every deferred forward of the frame; False turns deferral off here."""
+    global _off
+    why = ""
+    for forward in batch:
+        try:
+            forward.resolve()
+        except Exception as e:  # the worker's output lost or failed: compile again, as stock
+            why = f"a deferred forward could not be loaded ({type(e).__name__}: {e})"
+            break
+        if not forward.verified():
+            why = "Inductor chose other output strides than the traced ones"
+            break
+    if not why:
+        if batch:
+            log.debug("compileq: %d DDP forwards generated side by side", len(batch))
+        return True
+    _off = True
+    _count(Counter.DDP_FORWARD_MISPREDICTIONS)
+    warn_once(
+        "deferred",
+        "compileq: %s; compiling this frame again, and DDP forwards one by one from now on",
+        why,
+    )
+    return False

@@ -1,0 +1,73 @@
+"""A DDP subgraph's forward compile goes on while its worker generates it
+(scheduler/deferred.py). On CPU: real redis-server, a real --cpu-only worker, torchrun with two
+gloo ranks, real torch.compile (the job that defers and checks every forward is in
+test_user_scripts.py; here, what happens when a check fails, and the checks themselves).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import redis
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from compileq.scheduler import deferred
+from tests.conftest import Env, Worker, stats
+from tests.scripts import LLAMA, run_script
+
+CLIENTS = Path(__file__).parent / "clients"
+#: Three DDP buckets; a width no other test uses, so the worker generates every graph afresh.
+DDP = ("--width", "104", "--layers", "4", "--bucket-mb", "1")
+
+
+def test_a_forward_whose_strides_differ_makes_the_frame_compile_again_as_stock_and_train_right(
+    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
+) -> None:
+    reference = run_script(env, tmp_path, "stock", LLAMA, *DDP, nproc=2, compileq=False)
+    run = run_script(env, tmp_path, "told", CLIENTS / "ddp_mispredicted.py", *DDP, nproc=2)
+    counters = stats(env, tmp_path)
+    # Each rank found its first deferred forward "wrong", compiled the frame again, waiting
+    # for each forward as stock does, and deferred nothing after.
+    assert counters["ddp_forward_mispredictions"] == 2
+    assert counters["ddp_forwards_deferred"] <= 2 * 3
+    assert counters["fx_local_compiles"] == 0 and counters["fallbacks"] == 0
+    assert run.stderr.count("compiling this frame again") == 2  # once per rank
+    for rank, stock in zip(run.ranks, reference.ranks, strict=True):
+        assert rank["matches_eager"] is True, rank
+        assert rank["losses"] == stock["losses"]
+
+
+def test_the_assumed_strides_are_the_traced_ones_and_a_symbolic_graph_assumes_nothing() -> None:
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+        return x.t().contiguous(), x.sum(0), 3
+
+    def traced(mode: str) -> tuple[torch.fx.GraphModule, list[object]]:
+        gm = make_fx(f, tracing_mode=mode)(torch.empty(4, 6))
+        return gm, [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+
+    assert deferred.assumed_strides(*traced("fake")) == [(4, 1), (1,), None]
+    assert deferred.assumed_strides(*traced("symbolic")) is None
+
+
+def test_a_forward_is_verified_only_when_every_real_stride_is_the_assumed_one() -> None:
+    class Loaded:
+        def __init__(self, strides: list[tuple[str, ...] | None]) -> None:
+            self.output_strides = strides
+
+    def forward(real: list[tuple[str, ...] | None]) -> deferred.Forward:
+        f = deferred.Forward(lambda: Loaded(real), [(4, 1), (1,), None])
+        f.resolve()
+        return f
+
+    recorded: list[str] = []
+    same = forward([("4", "1"), ("1",), None])
+    same.when_verified(lambda: recorded.append("stored"))
+    assert same.verified() and recorded == ["stored"]
+    # Inductor gave no stride for an output: AOTAutograd keeps the traced one, as assumed.
+    assert forward([None, ("1",), None]).verified()
+    other = forward([("1", "4"), ("1",), None])
+    other.when_verified(lambda: recorded.append("never"))
+    assert not other.verified() and recorded == ["stored"]
+    assert not forward([("4", "1"), ("1",)]).verified()  # another number of outputs
+    assert not forward([("s0", "1"), ("1",), None]).verified()  # a symbolic stride
