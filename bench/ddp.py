@@ -131,6 +131,9 @@ def run_job(
         "triton_module_builds": delta.get("triton_module_builds", 0),
         "ddp_subgraph_loads": delta.get("ddp_subgraph_loads", 0),
         "ddp_subgraph_records": delta.get("ddp_subgraph_records", 0),
+        # Forwards compiled on without waiting for their worker, frames compiled again (deferred).
+        "forwards_deferred": delta.get("ddp_forwards_deferred", 0),
+        "mispredictions": delta.get("ddp_forward_mispredictions", 0),
         "losses": [r["losses"] for r in ranks],
         "matches_eager": all(r["matches_eager"] for r in ranks),
         "phases": ranks[0].get("compile_phases", {}),
