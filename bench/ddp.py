@@ -16,6 +16,8 @@ Each repetition runs, in fresh process trees:
   the second on empty local dirs (a new machine on a warm cluster);
 * ``compileq_cold_lazy``: ``compileq run`` with ``COMPILEQ_SPECULATE=0`` on a cold cluster
   (each backward sent at its first backward call, as stock compiles it);
+* ``compileq_cold_no_defer``: the same with ``COMPILEQ_DEFER_FORWARDS=0`` (each DDP
+  subgraph's forward compile waits for its worker before the next bucket is traced);
 * ``compileq_cold``: ``compileq run``, compileq's store emptied but for what the workers'
   start stored (``Cluster.flush``) and the workers' local caches wiped (a cold cluster),
   backwards sent when AOTAutograd partitions their graphs;
@@ -64,6 +66,7 @@ PLAN = (
     ("stock_remote_fill", "stock-remote", None),
     ("stock_remote_new", "stock-remote", None),
     ("compileq_cold_lazy", "compileq-lazy", "cold"),
+    ("compileq_cold_no_defer", "compileq-no-defer", "cold"),
     ("compileq_cold", "compileq", "cold"),
     ("compileq_new", "compileq", None),
     ("compileq_new_no_gc_window", "compileq-no-gc-window", None),
@@ -103,6 +106,7 @@ def run_job(
     if mode.startswith("compileq"):
         argv = [sys.executable, "-m", "compileq.cli", "run", "--", *argv]
         env["COMPILEQ_SPECULATE"] = "0" if mode == "compileq-lazy" else "1"
+        env["COMPILEQ_DEFER_FORWARDS"] = "0" if mode == "compileq-no-defer" else "1"
         env["COMPILEQ_PROFILES"] = "1" if mode == "compileq-profile" else "0"  # opt-in
         env["COMPILEQ_GC_WINDOW"] = "0" if mode == "compileq-no-gc-window" else "1"
     elif mode == "stock-remote":

@@ -1,11 +1,17 @@
 """``examples/llama_script.py`` (imported, so the worker cannot import its classes), with every
-rank told that the first DDP forward it deferred came back with other output strides than the
-traced ones, as Inductor may choose for a saved activation (compileq.scheduler.deferred): the
-frame must be compiled again, as stock compiles it, and train exactly as eager.
+rank's first deferred DDP forward (compileq.scheduler.deferred) made to fail its check, as
+``COMPILEQ_TEST_FAULT`` says:
+
+- ``strides``: it came back with other output strides than the traced ones, as Inductor may
+  choose for a saved activation;
+- ``fetch``: its worker's output could not be loaded.
+
+Either way the frame must be compiled again, as stock compiles it, and train exactly as eager.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,18 +22,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 
 import llama_script
 
-_verified = deferred.Forward.verified
-_told: list[Any] = []
+FAULT = os.environ.get("COMPILEQ_TEST_FAULT", "strides")
+_verified, _resolve = deferred.Forward.verified, deferred.Forward.resolve
+_hit: list[Any] = []
 
 
 def verified(self: deferred.Forward) -> bool:
-    if not _told:
-        _told.append(self)
+    if FAULT == "strides" and not _hit:
+        _hit.append(self)
         return False
     return _verified(self)
 
 
+def resolve(self: deferred.Forward) -> Any:
+    if FAULT == "fetch" and not _hit:
+        _hit.append(self)
+        raise RuntimeError("the worker's output is lost")
+    return _resolve(self)
+
+
 deferred.Forward.verified = verified  # type: ignore[method-assign]
+deferred.Forward.resolve = resolve  # type: ignore[method-assign]
 
 if __name__ == "__main__":
     llama_script.main()

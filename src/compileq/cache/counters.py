@@ -46,8 +46,8 @@ class Counter(str, enum.Enum):
     DDP_SUBGRAPH_LOADS = "ddp_subgraph_loads"
     DDP_SUBGRAPH_RECORDS = "ddp_subgraph_records"
     #: DDP subgraphs' forwards whose compile went on without waiting for their worker, and
-    #: frames compiled again because a graph's output strides were not the traced ones
-    #: (scheduler/deferred.py).
+    #: frames compiled again because such a forward's output strides were not the traced ones
+    #: or its output could not be loaded (scheduler/deferred.py).
     DDP_FORWARDS_DEFERRED = "ddp_forwards_deferred"
     DDP_FORWARD_MISPREDICTIONS = "ddp_forward_mispredictions"
     AOT_HITS = "aot_hits"
