@@ -71,6 +71,9 @@ class Forward:
         self._graph: Any = None
         self._then: list[Callable[[Any], None]] = []
         self._when_verified: list[Callable[[], None]] = []
+        #: What a call runs: the fetch first, then the real graph itself, so that a training
+        #: step pays one call through this stand-in and no check.
+        self._run: Callable[[Any], Any] = self._resolve_and_run
 
     def post_compile(self, example_inputs: Any, constants: Any, graph_kwargs: Any) -> None:
         import torch
@@ -101,12 +104,17 @@ class Forward:
             if self._post is not None:
                 graph.post_compile(*self._post)
             self._graph = graph
+            self._run = graph
             for fn in self._then:
                 fn(graph)
         return self._graph
 
+    def _resolve_and_run(self, args: Any) -> Any:
+        return self.resolve()(args)
+
     def verified(self) -> bool:
-        """Whether the loaded graph's output strides are the ones the compile went on with."""
+        """Whether the loaded graph's output strides are the ones the compile went on with;
+        if so, what waited for that (``when_verified``) runs now."""
         real = getattr(self._graph, "output_strides", None)
         if real is None or len(real) != len(self.assumed):
             return False
@@ -123,7 +131,7 @@ class Forward:
         return True
 
     def __call__(self, args: Any) -> Any:
-        return self.resolve()(args)
+        return self._run(args)
 
 
 def assumed_strides(gm: Any, example_inputs: Sequence[Any]) -> list[tuple[int, ...] | None] | None:
@@ -153,28 +161,30 @@ def assumed_strides(gm: Any, example_inputs: Sequence[Any]) -> list[tuple[int, .
     return strides
 
 
-def wanted(gm: Any, example_inputs: Sequence[Any], graph_kwargs: Any) -> bool:
-    """Whether this graph's compile may go on without its worker's output (see the module)."""
+def assumed(
+    gm: Any, example_inputs: Sequence[Any], graph_kwargs: Any
+) -> list[tuple[int, ...] | None] | None:
+    """The output strides this graph's compile may go on with before its worker's output
+    comes (``assumed_strides``); None where it must wait for it (see the module)."""
     import torch
 
     if _off or getattr(_thread, "batch", None) is None:
-        return False
+        return None
     if graph_kwargs.get("is_backward") or graph_kwargs.get("cpp_wrapper"):
-        return False
+        return None
     if bool(graph_kwargs.get("cudagraphs")):
-        return False
+        return None
     if torch._functorch.config.bundled_autograd_cache:
-        return False
+        return None
     context = torch._guards.TracingContext.try_get()
     # output_strides is a list only while AOTAutograd compiles a forward and reads them back.
     if context is None or not context.fakify_first_call or context.output_strides is None:
-        return False
-    return assumed_strides(gm, example_inputs) is not None
+        return None
+    return assumed_strides(gm, example_inputs)
 
 
-def defer(fetch: Callable[[], Any], gm: Any, example_inputs: Sequence[Any]) -> Forward:
-    strides = assumed_strides(gm, example_inputs)
-    assert strides is not None  # wanted() said so
+def defer(fetch: Callable[[], Any], strides: list[tuple[int, ...] | None]) -> Forward:
+    """A stand-in for the forward ``fetch`` loads, going on with ``strides`` (``assumed``)."""
     forward = Forward(fetch, strides)
     _thread.batch.append(forward)
     _thread.last = forward

@@ -18,6 +18,7 @@ from torch._inductor.compile_fx_ext import (
 
 from compileq._log import log
 from compileq.scheduler import boundary, deferred, fx_key, fx_remote, speculative
+from compileq.scheduler.client import KernelClient
 from compileq.scheduler.fx_remote import Fallback, Route
 from compileq.tasks import device_index, portable
 from compileq.tasks.fx_jobs import FxJob
@@ -65,9 +66,15 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
         self._stock_ran = False
         try:
             self._route_and_key(gm, example_inputs, inputs_to_check, graph_kwargs)
-            if deferred.wanted(gm, example_inputs, graph_kwargs):
-                return self._send_and_defer(gm, example_inputs, inputs_to_check, graph_kwargs)
-            return super().codegen_and_compile(gm, example_inputs, inputs_to_check, graph_kwargs)
+            strides = deferred.assumed(gm, example_inputs, graph_kwargs)
+            if strides is None:
+                return super().codegen_and_compile(
+                    gm, example_inputs, inputs_to_check, graph_kwargs
+                )
+            serialized = self.serialize_compile(gm, example_inputs, inputs_to_check, graph_kwargs)
+            if serialized:  # else counted as a fallback by serialize_compile
+                pickled, constants = serialized
+                return self._send_and_defer(pickled, constants, strides)
         except Fallback as e:
             # Raised before Inductor touched anything of the graph's (routing, or waiting
             # for the worker): compiling it here now is the same compile stock would run.
@@ -76,21 +83,13 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
 
     def _send_and_defer(
         self,
-        gm: Any,
-        example_inputs: Sequence[Any],
-        inputs_to_check: Sequence[int],
-        graph_kwargs: Any,
+        pickled: _WireProtocolPickledInput,
+        constants: Any,
+        strides: list[tuple[int, ...] | None],
     ) -> Any:
-        """Send this DDP subgraph's forward and let the compile go on without its output (see
-        ``deferred``); an output already in the store is loaded at once, as always."""
-        serialized = self.serialize_compile(gm, example_inputs, inputs_to_check, graph_kwargs)
-        if not serialized:  # counted as a fallback by serialize_compile
-            return self._in_process(gm, example_inputs, inputs_to_check, graph_kwargs)
-        pickled, constants = serialized
-        route, client = self._route, fx_remote.client()
-        if route is None or client is None:
-            raise Fallback("fx-off", "remote FX codegen is not set up in this process")
-        job = self._job(route, pickled, self._graph_key)
+        """Send this DDP subgraph's forward and let the compile go on without its output, with
+        ``strides`` (see ``deferred``); an output already in the store is loaded at once."""
+        client, route, job = self._routed_job(pickled)
         output = fx_remote.send_only(client, job, route.queue, speculative.forward_sent)
         fx_remote.mark_remote(True)
         if output is not None:
@@ -101,7 +100,7 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
                 fx_remote.run_remote(client, job, route.queue), route.device_index, constants
             )
 
-        return deferred.defer(fetch, gm, example_inputs)
+        return deferred.defer(fetch, strides)
 
     def _loaded(self, output: bytes, index: int | None, constants: Any) -> Any:
         """The worker's output as Inductor's own out-of-process compile loads it."""
@@ -196,16 +195,20 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
             )
         return serialized
 
+    def _routed_job(self, pickled: _WireProtocolPickledInput) -> tuple[KernelClient, Route, FxJob]:
+        """The client, this graph's route (``_route_and_key``) and its job."""
+        route, client = self._route, fx_remote.client()
+        if route is None or client is None:
+            raise Fallback("fx-off", "remote FX codegen is not set up in this process")
+        return client, route, self._job(route, pickled, self._graph_key)
+
     def _send_to_child_async(
         self, pickled_input: _WireProtocolPickledInput
     ) -> Future[_WireProtocolPickledOutput]:
         # Resolved before it is returned: Inductor's _send_to_child waits on it at once, and
         # compileq stays out of Inductor's async FX modes (fx_remote._activate), the only
         # callers that would use the time in between.
-        route, client = self._route, fx_remote.client()
-        if route is None or client is None:
-            raise Fallback("fx-off", "remote FX codegen is not set up in this process")
-        job = self._job(route, pickled_input, self._graph_key)
+        client, route, job = self._routed_job(pickled_input)
         # While the worker generates this graph, its backward (if it is a forward that
         # AOTAutograd partitioned just now) goes to the workers too.
         output = fx_remote.run_remote(client, job, route.queue, speculative.forward_sent)
