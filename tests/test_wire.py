@@ -14,7 +14,7 @@ import torch
 from compileq.cache.counters import Reason
 from compileq.scheduler.fx_remote import Fallback, reason_of
 from compileq.tasks import device_index, portable
-from compileq.tasks.fx_wire import wire
+from compileq.tasks.fx_wire import unpicklable, wire
 
 
 class ScriptModule(torch.nn.Module):  # stands for a class of the user's script
@@ -137,3 +137,37 @@ def test_fallbacks_are_counted_under_the_reason_an_operator_acts_on() -> None:
     assert reason("fx-failed", "failed (StandInCalled: codegen called __main__.f)") is (
         Reason.UNIMPORTABLE
     )
+
+
+def test_what_a_graph_could_not_pickle_is_named_part_by_part() -> None:
+    import threading
+
+    gm = torch.fx.symbolic_trace(lambda x: (x + 1).relu())
+    inputs = [torch.randn(3)]
+    assert unpicklable(gm, inputs, {"is_backward": False}, None) == ""
+    node = next(n for n in gm.graph.nodes if n.op == "call_function")
+    node.meta["held"] = threading.Lock()  # what no pickler writes
+    found = unpicklable(gm, inputs, {}, None)
+    assert found.startswith(f"node {node.name}'s meta['held'] (lock: TypeError")
+    del node.meta["held"]
+    assert unpicklable(gm, inputs, {"callback": threading.Lock()}, None).startswith(
+        "compile keyword 'callback'"
+    )
+
+
+def test_a_fake_view_travels_with_its_base_in_the_other_sides_fake_mode() -> None:
+    # Torch's own pickler keeps the base's fake mode, which does not pickle: a graph with a
+    # view among its example inputs then compiled in process (rank 1 of a DDP job on H200s).
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    from torch.fx._graph_pickler import GraphPickler
+
+    with FakeTensorMode():
+        base = torch.empty(4, 6)
+        view = base[:, 1:3]
+    with wire():
+        data = GraphPickler.dumps([view, base])
+    there = FakeTensorMode()
+    got_view, got_base = GraphPickler.loads(data, there)
+    assert isinstance(got_view, FakeTensor) and got_view.fake_mode is there
+    assert got_view._base is got_base
+    assert (got_view.shape, got_view.stride(), got_view.storage_offset()) == ((4, 2), (6, 1), 1)

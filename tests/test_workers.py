@@ -170,8 +170,9 @@ def test_a_stopped_worker_withdraws_its_heartbeat(
         k.decode().removeprefix("compileq:workers:")
         for k in client.scan_iter(match="compileq:workers:*")
     }
-    # Its kernel queue (sm_90) and the FX codegen queue of its own CPU.
-    assert len(queues) == 2 and any(q.startswith("compileq.fx.") for q in queues)
+    # Its kernel queue (sm_90), the FX codegen queue of its own CPU, and its C++ queue.
+    assert len(queues) == 3 and any(q.startswith("compileq.fx.") for q in queues)
+    assert any(q.startswith("compileq.cpp.") for q in queues)
     assert all(liveness.live_count(client, q, 3, SECRET.encode()) == 1 for q in queues)
     (info,) = liveness.workers_info(client)
     assert info["cpu_only"] is True and set(info["queues"]) == queues

@@ -202,6 +202,11 @@ class Settings(BaseSettings):
         description="With fx: under DDP, let each subgraph's forward compile go on while its "
         "worker generates it, and load them all at the end of the frame's compile.",
     )
+    cpp_fanout: bool = Field(
+        True,
+        description="Send a C++ object Inductor must build to a worker with the same compiler, "
+        "torch and CPU (any node), and build it here only if none can.",
+    )
     # Declared after the URLs: its validator reads them, and pydantic validates in this order.
     # validate_default: an unset master is exactly the mistake to catch.
     sentinel_master: str | None = Field(

@@ -463,6 +463,35 @@ def local_fx_toolchain(gpu: Target | None) -> FxToolchain:
     )
 
 
+@functools.cache
+def cpu_flags() -> str | None:
+    """This CPU's feature flags as the kernel reports them (None where it does not)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return " ".join(sorted(set(line.split(":", 1)[1].split())))
+    except OSError:
+        pass
+    return None
+
+
+@functools.cache
+def cpp_toolchain() -> str:
+    """Digest of what decides the C++ object a command line builds here: the compiler,
+    machine, torch, and this CPU's features, since Inductor compiles with ``-march=native``
+    (torch 2.11 and 2.13 alike): the object may use any instruction this CPU has."""
+    import platform
+
+    material = {
+        "compiler": compiler_identity(),
+        "machine": platform.machine(),
+        "torch": torch_identity(),
+        "cpu_flags": cpu_flags(),
+    }
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:20]
+
+
 def host_identity() -> dict[str, Any]:
     """The target-free part of this machine's toolchain, recorded next to graph entries.
 

@@ -61,6 +61,8 @@ QUEUE_PREFIX = "compileq.triton."
 TUNE_QUEUE_PREFIX = "compileq.tune."
 #: Celery queues for graph codegen: ``compileq.fx.<FX toolchain digest>.<FX target>``.
 FX_QUEUE_PREFIX = "compileq.fx."
+#: Celery queues for C++ objects: ``compileq.cpp.<C++ toolchain digest>`` (compiler, torch, CPU).
+CPP_QUEUE_PREFIX = "compileq.cpp."
 
 
 def artifact(kind: str, digest: str) -> str:

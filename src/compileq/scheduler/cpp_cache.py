@@ -3,8 +3,11 @@
 Inductor builds each C++ kernel into ``<cache dir>/<xx>/<key>.so`` through
 ``codecache._worker_compile_cpp`` (looked up at call time, so it can be wrapped). The file name
 already carries Inductor's own hash of the source, optimized source and compiler flags (vector
-ISA included), computed without paths; compileq adds the compiler's version and torch's
-identity, then stores the ``.so`` bytes. A new machine writes the object where the build would
+ISA included), computed without paths; compileq adds the compiler's version, torch's
+identity and this CPU's feature flags, then stores the ``.so`` bytes. The flags because
+Inductor compiles with ``-march=native``: an object built on a CPU with more features than
+this one may use an instruction this one lacks, and a training process killed by SIGILL is a
+failed compile (the rejected alternative, the vector ISA alone, is what the name covers). A new machine writes the object where the build would
 have, atomically, and Inductor loads it as if it had built it. Stock's remote FX cache does
 not do this, so a stock "warm" start still runs the C++ compiler for every kernel.
 """
@@ -12,7 +15,6 @@ not do this, so a stock "warm" start still runs the C++ compiler for every kerne
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import os
 import platform
@@ -27,8 +29,8 @@ from compileq._log import warn_once
 from compileq.cache.counters import Counter
 from compileq.cache.store import RedisStore
 from compileq.errors import CompileqError
-from compileq.fingerprint import compiler_identity
-from compileq.scheduler import boundary
+from compileq.fingerprint import compiler_identity, cpu_flags
+from compileq.scheduler import boundary, cpp_fanout
 
 _store: RedisStore | None = None
 _original: Callable[[str, Sequence[Any]], None] | None = None
@@ -42,11 +44,12 @@ def cpp_key(target: str) -> str:
 
     material = {
         "kind": "cpp",
-        "format": 1,
+        "format": 2,
         "object": os.path.basename(target),
         "compiler": compiler_identity(),
         "machine": platform.machine(),
         "torch": torch_identity(),
+        "cpu_flags": cpu_flags(),
     }
     return keys.artifact_of("cpp", material)
 
@@ -71,9 +74,23 @@ _SERVED = ("served", "")
 
 def _compile_cpp(lock_path: str, cpp_builders: Sequence[Any]) -> None:
     assert _original is not None
+    if cpp_fanout.precompiled_header(cpp_builders):
+        # Not in the store: 155 MB for Inductor's CPU prefix, over the entry cap, and read
+        # only by the builds of this machine. Not even made here while workers build this
+        # machine's objects (each makes its own, workers/cpp.py): 4.3 s on the 2-core CI
+        # machine, on the thread that generates the graph. A build that still happens here
+        # reads the header's text instead, slower and the same.
+        if not cpp_fanout.sends_builds():
+            _original(lock_path, cpp_builders)
+        return
     plan = _look_up(cpp_builders)
     if plan is _SERVED:
         return
+    if plan is not None and plan[0]:  # a miss: a worker builds it, if one can
+        built = cpp_fanout.built_remotely(plan[0], cpp_builders)
+        if built is not None:
+            _write_atomically(plan[1], built)
+            return
     _original(lock_path, cpp_builders)  # Inductor's build, under Inductor's own file lock
     _share(plan)
 
@@ -156,24 +173,11 @@ def _isa_probe_object(isa: Any, code: str) -> str:
     return str(builder.get_target_file_path())
 
 
-@functools.cache
-def _cpu_flags() -> str | None:
-    """This CPU's feature flags as the kernel reports them (None where it does not)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    return " ".join(sorted(set(line.split(":", 1)[1].split())))
-    except OSError:
-        pass
-    return None
-
-
 def _isa_verdict_key(isa: Any, code: str) -> str | None:
     """The key of a probe's verdict: everything that decides whether it compiles and loads."""
     from compileq.fingerprint import torch_identity
 
-    cpu = _cpu_flags()
+    cpu = cpu_flags()
     if cpu is None:
         return None
     material = {

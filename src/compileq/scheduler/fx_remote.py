@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -202,6 +203,19 @@ def choose_route(gm: Any, example_inputs: Sequence[Any]) -> Route:
 # -- the remote round trip --------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Kind:
+    """What travels on a job round trip: its task, its fallback topics' prefix, and what a
+    worker does with it (for the deadline's message)."""
+
+    task: str
+    prefix: str
+    work: str
+
+
+FX = Kind(COMPILE_FX, "fx", "generate the graph")
+
+
 def run_remote(
     client: KernelClient, job: FxJob, queue: str, meanwhile: Callable[[], None] = lambda: None
 ) -> bytes:
@@ -209,13 +223,25 @@ def run_remote(
 
     ``meanwhile`` runs once this process has sent the job, before it waits.
     """
+    return run_job(client, FX, job.key(), job.to_bytes, queue, meanwhile)
+
+
+def run_job(
+    client: KernelClient,
+    kind: Kind,
+    key: str,
+    job: Callable[[], bytes],
+    queue: str,
+    meanwhile: Callable[[], None] = lambda: None,
+) -> bytes:
+    """The output stored under ``key``: found, or the job (``job()``, signed and stored only
+    if this process sends it) enqueued on ``queue`` and waited for. Raises ``Fallback``."""
     store, settings = client.store, client.settings
-    key = job.key()
     deadline = time.monotonic() + settings.deadline_s
     leased = False
     try:
         entry = store.get_many([key])[0]
-        if entry is not None:  # this very input was generated before (by anyone)
+        if entry is not None:  # this very input was built before (by anyone)
             client.received(key)
             return entry.payload()
         pubsub = store.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
@@ -224,10 +250,10 @@ def run_remote(
             # the poll, a second later.
             pubsub.subscribe(keys.DONE_CHANNEL)
             pubsub.get_message(timeout=settings.connect_timeout_s)
-            leased = _send_once(client, job, key, queue)
+            leased = _send_once(client, kind, key, job, queue)
             if leased:
                 meanwhile()
-            output = _wait(client, pubsub, key, deadline)
+            output = _wait(client, pubsub, key, deadline, kind)
             client.received(key)
             return output
         finally:
@@ -236,9 +262,9 @@ def run_remote(
         if leased:  # else the next client waits out the lease's expiry, a whole deadline
             client.orphan_lease(key)
         client.redis_failed(e)
-        raise Fallback("fx-redis", f"Redis failed ({e})") from e
+        raise Fallback(f"{kind.prefix}-redis", f"Redis failed ({e})") from e
     except EntryTooLarge as e:
-        raise Fallback("fx-too-large", str(e)) from e
+        raise Fallback(f"{kind.prefix}-too-large", str(e)) from e
 
 
 def send_only(
@@ -255,7 +281,7 @@ def send_only(
         if entry is not None:
             client.received(key)
             return entry.payload()
-        if _send_once(client, job, key, queue):
+        if _send_once(client, FX, key, job.to_bytes, queue):
             meanwhile()
         return None
     except redis.RedisError as e:
@@ -276,7 +302,7 @@ def send_ahead(client: KernelClient, job: FxJob, queue: str) -> bool:
     try:
         if client.store.get_many([key])[0] is not None:
             return False
-        if not _send_once(client, job, key, queue):
+        if not _send_once(client, FX, key, job.to_bytes, queue):
             return False
         client.sent_ahead(key)
         client.store.count({Counter.FX_SENT_AHEAD: 1})
@@ -285,13 +311,15 @@ def send_ahead(client: KernelClient, job: FxJob, queue: str) -> bool:
         return False
 
 
-def _send_once(client: KernelClient, job: FxJob, key: str, queue: str) -> bool:
+def _send_once(
+    client: KernelClient, kind: Kind, key: str, job: Callable[[], bytes], queue: str
+) -> bool:
     """Store and enqueue the job if this process takes its lease; whether it did.
 
     Single flight: equal graphs make equal jobs (fx_wire writes them canonically, and the key
-    is the graph's hash written for ``cuda:0``), so a second process sending this graph
-    (another rank, or a rank of another GPU index) waits for the first one's build instead
-    of enqueueing its own. The worker drops the lease when it settles; a client that died
+    is the graph's hash written for ``cuda:0``; a C++ object's key is its target's), so a
+    second process sending this graph (another rank, or a rank of another GPU index) waits
+    for the first one's build instead of enqueueing its own. The worker drops the lease when it settles; a client that died
     before enqueueing holds it no longer than a wait would last.
     """
     store, settings = client.store, client.settings
@@ -301,9 +329,9 @@ def _send_once(client: KernelClient, job: FxJob, key: str, queue: str) -> bool:
         return False
     try:
         ttl = settings.visibility_timeout_s * 2  # as kernel jobs: a job outlives its wait
-        sealed = store.seal(keys.job(key), job.to_bytes())
+        sealed = store.seal(keys.job(key), job())
         store.client.set(keys.job(key), sealed, ex=ttl)
-        client.send_task(COMPILE_FX, key, queue)
+        client.send_task(kind.task, key, queue)
     except redis.RedisError:
         # Else the next client waits out the lease's expiry, a whole deadline.
         client.orphan_lease(key)
@@ -312,19 +340,19 @@ def _send_once(client: KernelClient, job: FxJob, key: str, queue: str) -> bool:
         client.release_lease(key)  # a failover takes the broker and Redis down alike
         if isinstance(e, EntryTooLarge):
             raise
-        raise Fallback("fx-broker", f"cannot reach the broker ({e})") from e
+        raise Fallback(f"{kind.prefix}-broker", f"cannot reach the broker ({e})") from e
     return True
 
 
-def _wait(client: KernelClient, pubsub: Any, key: str, deadline: float) -> bytes:
+def _wait(client: KernelClient, pubsub: Any, key: str, deadline: float, kind: Kind = FX) -> bytes:
     store = client.store
     last_poll = time.monotonic()
     while True:
         now = time.monotonic()
         if now >= deadline:
             raise Fallback(
-                "fx-deadline",
-                f"a worker did not generate the graph within the "
+                f"{kind.prefix}-deadline",
+                f"a worker did not {kind.work} within the "
                 f"{client.settings.deadline_s:.0f}s deadline",
             )
         message = pubsub.get_message(timeout=min(0.5, deadline - now))
@@ -335,14 +363,18 @@ def _wait(client: KernelClient, pubsub: Any, key: str, deadline: float) -> bytes
         # codegen builds on the worker too): only this job's announcement says anything here.
         ours = done if done is not None and done.key == key else None
         if ours is not None and not ours.ok:
-            raise Fallback("fx-failed", f"the worker's FX compile failed ({ours.error})")
+            raise Fallback(
+                f"{kind.prefix}-failed", f"the worker could not {kind.work} ({ours.error})"
+            )
         if ours is not None or time.monotonic() - last_poll >= _POLL_S:
             last_poll = time.monotonic()
             entry = store.get_many([key])[0]
             if entry is not None:
                 return entry.payload()
             if ours is not None:  # announced, then evicted or rejected as corrupt
-                raise Fallback("fx-lost", "the worker's output is missing from the store")
+                raise Fallback(
+                    f"{kind.prefix}-lost", "the worker's output is missing from the store"
+                )
 
 
 # -- install ----------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from compileq.scheduler.client import KernelClient
 from compileq.scheduler.fx_remote import Fallback, Route
 from compileq.tasks import device_index, portable
 from compileq.tasks.fx_jobs import FxJob
-from compileq.tasks.fx_wire import wire
+from compileq.tasks.fx_wire import unpicklable, wire
 
 
 class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
@@ -187,10 +187,15 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
         serialized = self._serialize(gm, example_inputs, inputs_to_check, graph_kwargs)
         if serialized is None:  # the base class now compiles in process, exactly as stock
             self._stock_ran = True
+            route = self._route
+            what = unpicklable(
+                gm, example_inputs, graph_kwargs, route.device_index if route else None
+            )
             fx_remote.fell_back(
                 Fallback(
                     "fx-unserializable",
-                    "Inductor will not serialize a graph (its debug log says why)",
+                    "Inductor will not serialize a graph"
+                    + (f": {what} cannot be pickled" if what else " (its debug log says why)"),
                 )
             )
         return serialized

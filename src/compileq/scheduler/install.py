@@ -121,6 +121,10 @@ def install(
                 Counter.CPP_REMOTE_COMPILES if on_worker is not None else Counter.CPP_LOCAL_COMPILES
             )
             cpp_cache.enable(client.store, built)
+            if settings.cpp_fanout:
+                from compileq.scheduler import cpp_fanout
+
+                cpp_fanout.enable(client, on_worker)
             if settings.ddp_aot_cache and on_worker is None:
                 from compileq.scheduler import ddp_aot
 
@@ -177,6 +181,7 @@ def uninstall() -> None:
         AsyncCompile.process_pool = _installed.original  # type: ignore[method-assign]
         from compileq.scheduler import (
             cpp_cache,
+            cpp_fanout,
             ddp_aot,
             gc_window,
             graph_cache,
@@ -194,6 +199,7 @@ def uninstall() -> None:
         deferred.disable()
         graph_cache.disable()
         cpp_cache.disable()
+        cpp_fanout.disable()
         AsyncCompile._ready_future = None
         _installed.pool.shutdown()
         _installed = None

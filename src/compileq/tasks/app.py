@@ -13,6 +13,7 @@ from compileq.connect import master_name, sentinel_options
 COMPILE_TRITON = "compileq.compile_triton"
 COMPILE_FX = "compileq.compile_fx"
 TUNE_TRITON = "compileq.tune_triton"
+COMPILE_CPP = "compileq.compile_cpp"
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from compileq.tasks.app import COMPILE_FX, COMPILE_TRITON, TUNE_TRITON, app
+from compileq.tasks.app import COMPILE_CPP, COMPILE_FX, COMPILE_TRITON, TUNE_TRITON, app
 
 
 @app.task(name=COMPILE_TRITON, bind=True)  # type: ignore[untyped-decorator]
@@ -23,6 +23,14 @@ def compile_fx(self: Any, key: Any) -> str:
     from compileq.workers.fx import execute_compile_fx
 
     return _observed(self, "fx", execute_compile_fx, key)
+
+
+@app.task(name=COMPILE_CPP, bind=True)  # type: ignore[untyped-decorator]
+def compile_cpp(self: Any, key: Any) -> str:
+    """Build the C++ object whose signed job is stored under ``key``."""
+    from compileq.workers.cpp import execute_compile_cpp
+
+    return _observed(self, "cpp", execute_compile_cpp, key)
 
 
 @app.task(name=TUNE_TRITON, bind=True)  # type: ignore[untyped-decorator]

@@ -31,6 +31,7 @@ from compileq.tasks.fx_ops import carries
 
 @functools.cache
 def _pickler_class() -> type:
+    from torch._subclasses.fake_tensor import FakeTensor
     from torch.fx._graph_pickler import GraphPickler
 
     class WirePickler(GraphPickler):  # type: ignore[misc,valid-type]
@@ -45,9 +46,31 @@ def _pickler_class() -> type:
                 if obj.type == "cuda" and obj.index is not None and obj.index == self.device_index:
                     return torch.device, ("cuda", 0)
                 return NotImplemented
+            if isinstance(obj, FakeTensor) and obj._is_view():
+                return _view_reduced(self, obj)
             return super().reducer_override(obj)
 
     return WirePickler
+
+
+def _view_reduced(pickler: Any, view: Any) -> Any:
+    """A fake view as torch's pickler writes any fake tensor, less its base's fake mode.
+
+    Torch's ``_TensorPickleData`` drops the tensor's own fake mode (the unpickling side puts
+    its own on the tensor and on its base) but keeps the base's, which does not pickle
+    (torch 2.11 and 2.13): every graph with a view among its example inputs fell back to an
+    in-process compile. On two H200s, a DDP frame compiled again after a misprediction had
+    eight such graphs on rank 1.
+    """
+    from torch.fx._graph_pickler import _TensorPickleData
+
+    data = _TensorPickleData(pickler._meta_tensor_describer, view)
+    base = data.metadata.base
+    if base is not None:
+        data.metadata = dataclasses.replace(
+            data.metadata, base=dataclasses.replace(base, fake_mode=None)
+        )
+    return _TensorPickleData.unpickle, (data, pickler._unpickle_state)
 
 
 @contextlib.contextmanager
@@ -79,3 +102,45 @@ def wire(device_index: int | None = None) -> Iterator[None]:
         yield
     finally:
         base.dumps = original  # type: ignore[method-assign]
+
+
+def unpicklable(gm: Any, example_inputs: Any, graph_kwargs: Any, device_index: int | None) -> str:
+    """What of a compile's input Inductor could not pickle, named for the fallback's message:
+    the first part (the tracing context's fields, the example inputs, the compile's keywords,
+    each node's metadata) that fails on its own, with its error. Asked only after a failure,
+    so its cost is a failed compile's; empty where every part pickles alone."""
+    try:
+        return _first_unpicklable(gm, example_inputs, graph_kwargs, device_index)
+    except Exception as e:  # naming the culprit must never fail what falls back anyway
+        return f"(not found: {type(e).__name__}: {e})"
+
+
+def _first_unpicklable(
+    gm: Any, example_inputs: Any, graph_kwargs: Any, device_index: int | None
+) -> str:
+    import torch
+    from torch.fx._graph_pickler import GraphPickler
+
+    context = torch._guards.TracingContext.try_get()
+    fields = (
+        "module_context",
+        "frame_summary_stack",
+        "params_flat",
+        "output_strides",
+        "params_flat_unwrap_subclasses",
+        "params_unwrapped_to_flat_index",
+    )
+    parts: list[tuple[str, object]] = [
+        (f"the tracing context's {name}", getattr(context, name, None)) for name in fields
+    ]
+    parts += [(f"example input {i}", value) for i, value in enumerate(example_inputs)]
+    parts += [(f"compile keyword {name!r}", value) for name, value in graph_kwargs.items()]
+    for node in getattr(getattr(gm, "graph", None), "nodes", ()):
+        parts += [(f"node {node.name}'s meta[{key!r}]", value) for key, value in node.meta.items()]
+    with wire(device_index):
+        for what, value in parts:
+            try:
+                GraphPickler.dumps(value)
+            except Exception as e:
+                return f"{what} ({type(value).__name__}: {type(e).__name__}: {e})"
+    return ""

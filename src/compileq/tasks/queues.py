@@ -24,3 +24,8 @@ def gpu_slug(gpu: str) -> str:
 
 def fx_queue(toolchain: FxToolchain, target: str) -> str:
     return f"{keys.FX_QUEUE_PREFIX}{toolchain.digest}.{target}"
+
+
+def cpp_queue(toolchain_digest: str) -> str:
+    """Served by every worker whose compiler, torch and CPU build C++ objects as a client's."""
+    return f"{keys.CPP_QUEUE_PREFIX}{toolchain_digest}"

@@ -68,12 +68,13 @@ def main(argv: list[str] | None = None) -> int:
     from compileq.connect import redis_client
     from compileq.fingerprint import (
         Target,
+        cpp_toolchain,
         fx_target,
         local_fx_toolchain,
         local_toolchain,
     )
     from compileq.tasks import app, triton_queue
-    from compileq.tasks.queues import fx_queue, tune_queue
+    from compileq.tasks.queues import cpp_queue, fx_queue, tune_queue
     from compileq.workers import execute, shutdown
     from compileq.workers.fx_slots import FxSlots
     from compileq.workers.heartbeat import Heartbeat
@@ -104,6 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         # a client asking the same question of the same CPU loads them instead of building.
         cpp_cache.enable(store, Counter.CPP_REMOTE_COMPILES)
         times.lap("c++ cache")
+    if settings.cpp_fanout:
+        # Any client's C++ objects, where its compiler, torch and CPU are this worker's.
+        queues.append(cpp_queue(cpp_toolchain()))
+        times.lap("c++ toolchain")
     # FX codegen: every worker generates CPU graphs for its own CPU (vector ISAs, compiler);
     # a GPU worker also generates graphs for its GPU. A --cpu-only worker's --arch targets
     # are for cross-compiling kernels only: generating a GPU graph needs the GPU. Targets that

@@ -1,0 +1,107 @@
+"""A C++ object that misses the store is built by a worker, any node's, not here.
+
+Inductor builds each C++ kernel of a graph on its own compile threads, all on this machine.
+Sent to the C++ queue of this compiler, torch and CPU (``tasks/cpp_jobs.py``), a cold graph's
+objects are built by every free pool process of every worker serving it, each once for the
+cluster (single flight on the object's key, as graphs: ``fx_remote.run_job``), while the
+thread that would have run the compiler here waits. Where no worker serves the queue, a
+command line cannot travel, or the round trip fails, the object is built here as stock
+builds it: slower, never failed.
+
+Inductor's precompiled header is not sent (155 MB for its CPU prefix): its text and the
+command line that precompiles it are, and a worker precompiles it once and keeps it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis
+
+from compileq._log import warn_once
+from compileq.fingerprint import cpp_toolchain
+from compileq.scheduler import boundary, fx_remote
+from compileq.scheduler.client import KernelClient
+from compileq.tasks.app import COMPILE_CPP
+from compileq.tasks.cpp_jobs import CppJob, Unportable, machine_dirs
+from compileq.tasks.queues import cpp_queue
+
+CPP = fx_remote.Kind(COMPILE_CPP, "cpp", "build the C++ object")
+
+_client: KernelClient | None = None
+#: Each precompiled header this process made: its path -> the builder that precompiled it.
+_headers: dict[str, Any] = {}
+#: In a worker's codegen: whether a sibling pool process is free to take what is sent (see
+#: ``workers/fx_slots.py``: waiting on busy siblings that wait too would never end).
+_may_send: Callable[[], bool] = lambda: True  # noqa: E731
+
+
+def enable(client: KernelClient, may_send: Callable[[], bool] | None = None) -> None:
+    global _client, _may_send
+    _client = client
+    _may_send = may_send or (lambda: True)
+
+
+def disable() -> None:
+    global _client, _may_send
+    _client = None
+    _may_send = lambda: True  # noqa: E731
+
+
+def precompiled_header(builders: Sequence[Any]) -> bool:
+    """Whether ``builders`` precompile a header; if so, later jobs that include it say so."""
+    if not any(getattr(b, "_precompiling", False) for b in builders):
+        return False
+    for builder in builders:
+        target = str(builder.get_target_file_path())
+        if target.endswith(".gch"):
+            _headers[target[: -len(".gch")]] = builder
+    return True
+
+
+def _not_sending() -> bool:
+    return False
+
+
+@boundary.guard("C++ fan-out", instead=_not_sending)
+def sends_builds() -> bool:
+    """Whether this client's C++ objects go to workers now. Never in a worker's codegen,
+    whose pool process keeps its own precompiled header for every graph it generates."""
+    client = _client
+    if client is None or client.in_worker or client.redis_down():
+        return False
+    try:
+        return client.router.has_worker(cpp_queue(cpp_toolchain()))
+    except redis.RedisError as e:
+        client.redis_failed(e)
+        return False
+
+
+def _built_here(key: str, builders: Sequence[Any]) -> bytes | None:
+    return None
+
+
+@boundary.guard("C++ fan-out", instead=_built_here)
+def built_remotely(key: str, builders: Sequence[Any]) -> bytes | None:
+    """The object's bytes, built by a worker (or by another client's worker meanwhile); None
+    where it must be built here."""
+    client = _client
+    if client is None or client.redis_down() or not _may_send():
+        return None
+    toolchain = cpp_toolchain()
+    queue = cpp_queue(toolchain)
+    try:
+        if not client.router.has_worker(queue):
+            return None
+        job = CppJob.from_builders(toolchain, builders, machine_dirs(), _headers)
+        return fx_remote.run_job(client, CPP, key, job.to_bytes, queue)
+    except Unportable as e:
+        warn_once("cpp-unportable", "compileq: C++ object built here (%s)", e)
+    except fx_remote.Fallback as e:
+        warn_once(e.topic, "compileq: %s; building the C++ object here", e)
+    except redis.RedisError as e:  # asking whether a worker is live
+        client.redis_failed(e)
+    except (OSError, ValueError) as e:  # a source unreadable, or a job over the cap
+        warn_once("cpp-job", "compileq: C++ object built here (%s)", e)
+    return None

@@ -1,0 +1,230 @@
+"""C++ objects built by workers (issue 15, item 3): real Inductor builds, a real worker."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pytest
+import redis
+
+from compileq import keys
+from compileq.cache.store import RedisStore
+from compileq.config import Settings
+from compileq.fingerprint import cpp_toolchain
+from compileq.tasks.cpp_jobs import CppJob, Unportable, fill, machine_dirs
+from compileq.tasks.queues import cpp_queue
+from tests.conftest import Env, Worker, compileq_cmd, stats
+
+TRAIN = Path(__file__).parent / "clients" / "train_cpu.py"
+
+
+def run_training(env: Env, tmp: Path, name: str, width: int, **more: str) -> dict[str, Any]:
+    """``compileq run --no-fx``: the client generates its graphs itself, so every C++ object
+    is its build to make (fresh process, empty local cache dirs)."""
+    proc = subprocess.run(
+        compileq_cmd("run", "--no-fx", "--", sys.executable, str(TRAIN), str(width)),
+        env=env.vars(
+            TORCHINDUCTOR_CACHE_DIR=str(tmp / name / "inductor"),
+            TRITON_CACHE_DIR=str(tmp / name / "triton"),
+            **more,
+        ),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def probe_sources(machine: Path) -> list[Path]:
+    """Inductor's vector-ISA probes compiled on this "machine" (each a local C++ build)."""
+    return [p for p in machine.rglob("*.cpp") if "__avx" in p.read_text(errors="replace")]
+
+
+def kernel_objects(machine: Path) -> list[Path]:
+    """The graphs' C++ objects on this "machine" (the probes' left out)."""
+    probes = {p.with_suffix(".so") for p in probe_sources(machine)}
+    return [p for p in machine.rglob("*.so") if p not in probes]
+
+
+def test_a_cold_graphs_cpp_objects_are_built_by_a_worker_and_none_by_the_client(
+    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
+) -> None:
+    width = random.randrange(1001, 5000)  # no other test's: none of its objects exists yet
+    result = run_training(env, tmp_path, "client", width)
+    assert result == {**result, "matches_eager": True, "compileq": True}
+    counters = stats(env, tmp_path)
+    objects = kernel_objects(tmp_path / "client")
+    assert objects, "the graphs built no C++ kernel"
+    # Each kernel object was built by the worker; the client compiled only the ISA probes
+    # that say which vector ISA this CPU has (they must run here, on this CPU).
+    assert counters["cpp_remote_compiles"] >= len(objects)
+    assert counters["cpp_local_compiles"] == len(probe_sources(tmp_path / "client"))
+    assert "built C++ object" in worker.log.read_text()
+
+    # A second machine finds every object in the store: nothing built anywhere.
+    again = run_training(env, tmp_path, "again", width)
+    assert again == {**again, "matches_eager": True}
+    after = stats(env, tmp_path)
+    assert after["cpp_remote_compiles"] == counters["cpp_remote_compiles"]
+    assert after["cpp_hits"] >= counters["cpp_hits"] + len(objects)
+
+
+def test_with_fan_out_off_the_client_builds_its_cpp_objects_as_before(
+    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
+) -> None:
+    result = run_training(
+        env, tmp_path, "client", random.randrange(5001, 9000), COMPILEQ_CPP_FANOUT="0"
+    )
+    assert result == {**result, "matches_eager": True, "compileq": True}
+    counters = stats(env, tmp_path)
+    objects = kernel_objects(tmp_path / "client")
+    assert counters["cpp_local_compiles"] >= len(objects) > 0
+    assert counters.get("cpp_remote_compiles", 0) == 0
+
+
+@pytest.fixture(scope="module")
+def real_builders(tmp_path_factory: pytest.TempPathFactory) -> list[list[Any]]:
+    """The ``CppBuilder`` lists Inductor passes to its C++ build for a small graph, here."""
+    import torch
+    from torch._inductor import codecache
+
+    seen: list[list[Any]] = []
+    original = codecache._worker_compile_cpp
+
+    def spy(lock_path: str, builders: Any) -> None:
+        seen.append(list(builders))
+        original(lock_path, builders)
+
+    codecache._worker_compile_cpp = spy
+    try:
+        cache = str(tmp_path_factory.mktemp("inductor"))
+        with mock.patch.dict(os.environ, {"TORCHINDUCTOR_CACHE_DIR": cache}):
+            torch._dynamo.reset()
+            fn = torch.compile(lambda x, y: (x.sin() + y).relu().sum(1))
+            fn(torch.randn(32, 48), torch.randn(32, 48))
+    finally:
+        codecache._worker_compile_cpp = original
+        torch._dynamo.reset()
+    return [b for b in seen if not getattr(b[0], "_precompiling", False)]
+
+
+def test_a_cpp_job_carries_no_path_of_the_client_and_builds_where_it_is_filled_in(
+    real_builders: list[list[Any]], tmp_path: Path
+) -> None:
+    from compileq.workers.cpp import build
+
+    assert real_builders, "Inductor built no C++ kernel"
+    builders = real_builders[0]
+    dirs = machine_dirs()
+    job = CppJob.from_builders("t", builders, dirs)
+    wire = job.to_bytes()
+    target = str(builders[-1].get_target_file_path())
+    # Nothing of this machine travels: not its cache dir, torch, nor Python.
+    for path in (str(Path(target).parent.parent), *dirs.values()):
+        assert path not in wire.decode()
+    assert CppJob.from_bytes(wire) == job
+    assert job.output == "{out}/" + Path(target).name
+    assert any(name.endswith(".cpp") for name in job.files)
+    # Filled in with this machine's dirs, the job builds a loadable object.
+    built = tmp_path / Path(target).name
+    built.write_bytes(build(job))
+    import ctypes
+
+    ctypes.CDLL(str(built))
+
+
+def test_a_command_line_naming_a_dir_no_worker_has_stays_with_the_client(
+    real_builders: list[list[Any]],
+) -> None:
+    builder = real_builders[0][-1]
+
+    class Elsewhere:
+        def get_target_file_path(self) -> str:
+            return str(builder.get_target_file_path())
+
+        def get_command_line(self) -> str:
+            return builder.get_command_line() + " -I/opt/only-here/include"
+
+    with pytest.raises(Unportable, match="/opt/only-here"):
+        CppJob.from_builders("t", [Elsewhere()], machine_dirs())
+
+
+@pytest.mark.parametrize(
+    "tampered",
+    [
+        {"steps": [["/bin/sh", "-c", "id"]]},
+        {"steps": [["{cxx}", "{home}/x.cpp"]]},
+        {"output": "{out}/../../etc/passwd"},
+        {"files": {"{in}/../escape.cpp": "int x;"}},
+    ],
+    ids=["another-program", "unknown-placeholder", "output-outside", "file-outside"],
+)
+def test_a_cpp_job_that_would_run_or_touch_anything_outside_the_workers_dirs_is_refused(
+    tampered: dict[str, Any],
+) -> None:
+    good = {
+        "format": 1,
+        "toolchain": "t",
+        "steps": [["{cxx}", "{in}/0_k.cpp", "-o", "{out}/k.so"]],
+        "output": "{out}/k.so",
+        "files": {"{in}/0_k.cpp": "int x;"},
+    }
+    CppJob.from_bytes(json.dumps(good).encode())  # the untampered job is accepted
+    with pytest.raises(ValueError):
+        CppJob.from_bytes(json.dumps({**good, **tampered}).encode())
+    assert fill("{in}/0_k.cpp", {"{in}": "/w"}) == "/w/0_k.cpp"
+
+
+def test_a_signed_cpp_job_a_worker_refuses_is_announced_so_no_client_waits(
+    env: Env, worker: Worker, clean_cache: redis.Redis, settings: Settings
+) -> None:
+    from compileq.scheduler.client import KernelClient
+    from compileq.scheduler.cpp_fanout import CPP
+    from compileq.scheduler.fx_remote import Fallback, run_job
+    from compileq.scheduler.local import LocalBuilder
+
+    key = keys.artifact("cpp", "0" * 64)
+    bad = json.dumps(
+        {
+            "format": 1,
+            "toolchain": cpp_toolchain(),
+            "steps": [["{cxx}", "{in}/0_k.cpp", "-o", "/tmp/outside.so"]],
+            "output": "{out}/k.so",
+            "files": {"{in}/0_k.cpp": "int x;"},
+        }
+    ).encode()
+    client = KernelClient(settings, LocalBuilder(lambda: None))
+    try:
+        assert client.router.has_worker(cpp_queue(cpp_toolchain()))
+        with pytest.raises(Fallback, match=r"could not build the C\+\+ object"):
+            run_job(client, CPP, key, lambda: bad, cpp_queue(cpp_toolchain()))
+    finally:
+        client.close()
+    assert not Path("/tmp/outside.so").exists()
+    assert RedisStore(clean_cache, settings).get_many([key])[0] is None
+    assert stats_of(clean_cache)["rejected_tasks"] >= 1
+
+
+def stats_of(client: redis.Redis) -> dict[str, int]:
+    from compileq.cache.counters import read_counters
+
+    return read_counters(client)
+
+
+def test_a_cpp_objects_key_covers_the_cpus_features(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Inductor builds with -march=native: an object from a CPU with more features may not run
+    # on this one, so it must not be found under this CPU's key.
+    from compileq.scheduler import cpp_cache
+
+    here = cpp_cache.cpp_key("/x/ck.main.so")
+    monkeypatch.setattr(cpp_cache, "cpu_flags", lambda: "avx512_fp16 amx_tile")
+    assert cpp_cache.cpp_key("/x/ck.main.so") != here
+    assert cpp_cache.cpp_key("/y/ck.main.so") == cpp_cache.cpp_key("/x/ck.main.so")
