@@ -54,6 +54,44 @@ def test_a_forward_that_fails_its_check_makes_the_frame_compile_again_as_stock_a
             assert rank["losses"] == stock["losses"], fault
 
 
+def test_a_forward_whose_saved_activations_come_back_padded_keeps_its_frame_and_trains_right(
+    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
+) -> None:
+    # Rows of 1032 floats: Inductor pads the saved activations (on a GPU by default; on the
+    # CPU once the client turns disable_padding_cpu off), which then come back from the worker
+    # with other strides than the traced ones. Found on two H200s: every such frame used to
+    # compile twice.
+    padded = ("--width", "1032", "--layers", "1", "--bucket-mb", "1")
+    reference = run_script(
+        env, tmp_path, "stock", CLIENTS / "ddp_padded.py", *padded, nproc=2, compileq=False
+    )
+    before = stats(env, tmp_path)
+    run = run_script(env, tmp_path, "compileq", CLIENTS / "ddp_padded.py", *padded, nproc=2)
+    after = stats(env, tmp_path)
+    grew = {k: after[k] - before.get(k, 0) for k in after if isinstance(after[k], int)}
+    # The backward's inputs took the real strides; no frame compiled again.
+    assert grew["ddp_saved_restrided"] >= 2, grew
+    assert grew.get("ddp_forward_mispredictions", 0) == 0, grew
+    assert grew.get("fx_local_compiles", 0) == 0 and grew.get("fallbacks", 0) == 0, grew
+    assert "compiling this frame again" not in run.stderr, run.stderr[-3000:]
+    for rank, stock in zip(run.ranks, reference.ranks, strict=True):
+        assert rank["matches_eager"] is True, rank
+        assert rank["losses"] == stock["losses"]
+
+
+def test_only_saved_activations_are_restrided_and_all_or_none() -> None:
+    with torch._subclasses.fake_tensor.FakeTensorMode():
+        placeholders: list[object] = [3, torch.empty(4, 6), torch.empty(2, 5)]
+    # Forward outputs: 0-1 user outputs, 2-3 saved tensors (placeholders 1-2, after 1 symint).
+    saved = deferred.Saved(placeholders, slice(2, 4), 1)
+    assert not saved.restride([(1, (1, 4))])  # a user output: the next bucket saw it
+    assert not saved.restride([(2, (8, 1)), (0, (1,))])  # all or none
+    assert placeholders[1].stride() == (6, 1)  # type: ignore[attr-defined]
+    assert saved.restride([(2, (8, 1)), (3, (1, 2))])
+    assert placeholders[1].stride() == (8, 1) and placeholders[1].shape == (4, 6)  # type: ignore[attr-defined]
+    assert placeholders[2].stride() == (1, 2)  # type: ignore[attr-defined]
+
+
 def test_the_assumed_strides_are_the_traced_ones_and_a_symbolic_graph_assumes_nothing() -> None:
     def f(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
         return x.t().contiguous(), x.sum(0), 3

@@ -50,6 +50,8 @@ class Counter(str, enum.Enum):
     #: or its output could not be loaded (scheduler/deferred.py).
     DDP_FORWARDS_DEFERRED = "ddp_forwards_deferred"
     DDP_FORWARD_MISPREDICTIONS = "ddp_forward_mispredictions"
+    #: Deferred forwards whose saved activations came back padded, restrided for the backward.
+    DDP_SAVED_RESTRIDED = "ddp_saved_restrided"
     AOT_HITS = "aot_hits"
     AOT_MISSES = "aot_misses"
     CPP_HITS = "cpp_hits"

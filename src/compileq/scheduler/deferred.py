@@ -18,10 +18,16 @@ are compared with the ones assumed:
 - All equal (the rule): the frame is exactly what stock would have compiled, its forwards'
   codegens overlapped. What waited for the output (the FX-cache put, the DDP subgraph record
   of ``ddp_aot``) is done then.
-- Any different, or a fetch failed: the frame's compile runs again with nothing deferred, as
-  stock would run it (graphs the workers generated are FX-cache hits then), and nothing is
-  deferred again in this process (``ddp_forward_mispredictions``). Slower, never wrong: the
-  stand-ins of the first attempt never run, and no record of a differing graph is stored.
+- Only saved activations different (Inductor pads a saved activation's strides where a row is
+  over 1024 elements and not a multiple of 128 bytes; ``comprehensive_padding``): they go
+  only to the backward, which is not compiled yet. Its example inputs are restrided to the real
+  strides, exactly as AOTAutograd restrides them after a forward it waited for
+  (``_aot_stage2b_bw_compile``), and the frame stands.
+- Any other different, or a fetch failed: the frame's compile runs again with nothing
+  deferred, as stock would run it (graphs the workers generated are FX-cache hits then), and
+  nothing is deferred again in this process (``ddp_forward_mispredictions``). Slower, never
+  wrong: the stand-ins of the first attempt never run, and no record of a differing graph is
+  stored.
 
 Only where the first call is fake and nothing else reads the compiled forward before its
 first real call: static shapes, no CUDA graphs, no C++ wrapper, no bundled AOTAutograd cache.
@@ -46,12 +52,42 @@ from compileq.scheduler import import_hooks
 
 _DISTRIBUTED = "torch._dynamo.backends.distributed"
 _CODECACHE = "torch._inductor.codecache"
+_GRAPH_COMPILE = "torch._functorch._aot_autograd.graph_compile"
 _thread = threading.local()
 #: Set after a misprediction: this process compiles its DDP forwards as stock from then on.
 _off = False
 _count: Callable[[Counter], None] = lambda counter: None  # noqa: E731
 _original_compile_fn: Callable[..., Any] | None = None
 _original_save: Any = None
+_original_bw_compile: Callable[..., Any] | None = None
+
+
+class Saved:
+    """A deferred forward's saved activations, as its backward's compile will read them: the
+    backward's example inputs (AOTAutograd's ``placeholder_list``, restrided in place) and
+    where the saved tensors sit among the forward's outputs."""
+
+    def __init__(self, placeholders: list[Any], outputs: slice, symints: int) -> None:
+        self.placeholders, self.outputs, self.symints = placeholders, outputs, symints
+
+    def restride(self, differ: list[tuple[int, tuple[int, ...]]]) -> bool:
+        """Give the backward's inputs these forward outputs' real strides (all or none);
+        False where any is not a saved tensor (then the next bucket saw a wrong stride)."""
+        import torch
+
+        start, stop, _ = self.outputs.indices(1 << 30)
+        moved = []
+        for output, stride in differ:
+            i = output - start + self.symints
+            if not (start <= output < stop and 0 <= i < len(self.placeholders)):
+                return False
+            value = self.placeholders[i]
+            if not isinstance(value, torch.Tensor) or value.dim() != len(stride):
+                return False
+            moved.append((i, value.as_strided(value.shape, stride)))
+        for i, value in moved:
+            self.placeholders[i] = value
+        return True
 
 
 class Forward:
@@ -71,6 +107,11 @@ class Forward:
         self._graph: Any = None
         self._then: list[Callable[[Any], None]] = []
         self._when_verified: list[Callable[[], None]] = []
+        #: Set once AOTAutograd has made the backward's inputs (``_bw_compile``).
+        self.saved: Saved | None = None
+        #: The list AOTAutograd reads this compile's output strides from (``post_compile``):
+        #: the backward step it hands to is this forward's, not another bucket's.
+        self.reported: list[Any] | None = None
         #: What a call runs: the fetch first, then the real graph itself, so that a training
         #: step pays one call through this stand-in and no check.
         self._run: Callable[[Any], Any] = self._resolve_and_run
@@ -82,6 +123,7 @@ class Forward:
         context = torch._guards.TracingContext.try_get()
         if context is not None and context.output_strides is not None:
             context.output_strides.extend(self.assumed)
+            self.reported = context.output_strides
 
     def set_triton_bundle(self, bundle: Any) -> None:
         """Inductor's bundle of this compile's kernels: none were loaded here yet."""
@@ -113,19 +155,28 @@ class Forward:
         return self.resolve()(args)
 
     def verified(self) -> bool:
-        """Whether the loaded graph's output strides are the ones the compile went on with;
-        if so, what waited for that (``when_verified``) runs now."""
+        """Whether the loaded graph's output strides are the ones the compile went on with,
+        or differ only for saved activations, now restrided where the backward reads them
+        (``Saved``); if so, what waited for that (``when_verified``) runs now."""
         real = getattr(self._graph, "output_strides", None)
         if real is None or len(real) != len(self.assumed):
             return False
-        for got, assumed in zip(real, self.assumed, strict=True):
+        differ = []
+        for output, (got, assumed) in enumerate(zip(real, self.assumed, strict=True)):
             if got is None:  # Inductor gave none: AOTAutograd keeps the traced strides too
                 continue
             try:
-                if assumed is None or tuple(int(str(s)) for s in got) != assumed:
-                    return False
+                stride = tuple(int(str(s)) for s in got)
             except ValueError:  # a symbolic stride: not what was assumed
                 return False
+            if assumed is None:
+                return False
+            if stride != assumed:
+                differ.append((output, stride))
+        if differ:
+            if self.saved is None or not self.saved.restride(differ):
+                return False
+            _count(Counter.DDP_SAVED_RESTRIDED)
         for fn in self._when_verified:
             fn()
         return True
@@ -188,6 +239,7 @@ def defer(fetch: Callable[[], Any], strides: list[tuple[int, ...] | None]) -> Fo
     forward = Forward(fetch, strides)
     _thread.batch.append(forward)
     _thread.last = forward
+    _thread.awaiting_backward = forward
     _count(Counter.DDP_FORWARDS_DEFERRED)
     return forward
 
@@ -209,19 +261,23 @@ def enable(count: Callable[[Counter], None]) -> None:
     _count = count
     import_hooks.after_import(_DISTRIBUTED, _patch_ddp)
     import_hooks.after_import(_CODECACHE, _patch_save)
+    import_hooks.after_import(_GRAPH_COMPILE, _patch_bw_compile)
 
 
 def disable() -> None:
     import sys
 
-    global _original_compile_fn, _original_save, _off
+    global _original_compile_fn, _original_save, _original_bw_compile, _off
     ddp: Any = sys.modules.get(_DISTRIBUTED)
     if ddp is not None and _original_compile_fn is not None:
         ddp.DDPOptimizer.compile_fn = _original_compile_fn
     codecache: Any = sys.modules.get(_CODECACHE)
     if codecache is not None and _original_save is not None:
         codecache.FxGraphCache._save_graph = _original_save
-    _original_compile_fn = _original_save = None
+    graph_compile: Any = sys.modules.get(_GRAPH_COMPILE)
+    if graph_compile is not None and _original_bw_compile is not None:
+        graph_compile._aot_stage2b_bw_compile = _original_bw_compile
+    _original_compile_fn = _original_save = _original_bw_compile = None
     _off = False
 
 
@@ -241,6 +297,41 @@ def _patch_save(module: Any) -> None:
         return
     _original_save = cache.__dict__["_save_graph"]
     cache._save_graph = staticmethod(_save_graph)
+
+
+def _patch_bw_compile(module: Any) -> None:
+    global _original_bw_compile
+    original = getattr(module, "_aot_stage2b_bw_compile", None)
+    if original is None or _original_bw_compile is not None:
+        return
+    _original_bw_compile = original
+    module._aot_stage2b_bw_compile = _bw_compile(module, original)
+
+
+def _bw_compile(module: Any, original: Callable[..., Any]) -> Callable[..., Any]:
+    """AOTAutograd's step that makes the backward's inputs from the forward's output strides
+    (torch 2.11 and 2.13: ``bw_module, maybe_subclass_meta, fw_metadata, fwd_output_strides,
+    num_symints_saved_for_bw, aot_config[, bw_compiler]``): a forward deferred just before
+    learns where they are, should its saved activations come back with other strides."""
+
+    @functools.wraps(original)
+    def bw_compile(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        forward: Forward | None = getattr(_thread, "awaiting_backward", None)
+        if forward is not None and len(args) >= 5 and args[3] is forward.reported:
+            _thread.awaiting_backward = None
+            try:
+                lazy, compiled = result
+                if compiled is None:  # compiled already (dynamic shapes): nothing to restride
+                    inner = module._get_inner_meta(args[1], args[2])
+                    forward.saved = Saved(
+                        lazy.placeholder_list, inner.tensors_saved_for_backwards_slice, args[4]
+                    )
+            except Exception as e:  # another torch's layout: a difference recompiles instead
+                log.debug("compileq: saved activations not tracked (%s)", e)
+        return result
+
+    return bw_compile
 
 
 def _save_graph(key: str, graph: Any, *args: Any, **kwargs: Any) -> None:
@@ -271,7 +362,7 @@ def _compile_fn(original: Callable[..., Any]) -> Callable[..., Any]:
             compiled = original(self, gm, example_inputs, **configs)
         finally:
             _thread.batch = None
-            _thread.last = None
+            _thread.last = _thread.awaiting_backward = None
         if _settled(batch):
             return compiled
         # As stock: every forward waits for its codegen; those the workers generated are hits.
