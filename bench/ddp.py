@@ -138,6 +138,7 @@ def run_job(
         # Forwards compiled on without waiting for their worker, frames compiled again (deferred).
         "forwards_deferred": delta.get("ddp_forwards_deferred", 0),
         "mispredictions": delta.get("ddp_forward_mispredictions", 0),
+        "saved_restrided": delta.get("ddp_saved_restrided", 0),
         "losses": [r["losses"] for r in ranks],
         "matches_eager": all(r["matches_eager"] for r in ranks),
         "phases": ranks[0].get("compile_phases", {}),

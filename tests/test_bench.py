@@ -93,7 +93,8 @@ def test_capacity_classifies_every_key_family_that_keys_py_defines() -> None:
     # A key of every family keys.py defines (a family added there fails here until
     # bench.capacity classifies it); channels and Celery queue names are not keys.
     families = {n: v for n, v in vars(keys).items() if n.isupper() and isinstance(v, str)}
-    for name in ("PREFIX", "DONE_CHANNEL", "QUEUE_PREFIX", "FX_QUEUE_PREFIX", "TUNE_QUEUE_PREFIX"):
+    queues = ("QUEUE_PREFIX", "FX_QUEUE_PREFIX", "TUNE_QUEUE_PREFIX", "CPP_QUEUE_PREFIX")
+    for name in ("PREFIX", "DONE_CHANNEL", *queues):
         del families[name]
     suffix = {"ARTIFACT": kernel[len(keys.ARTIFACT) :], "SIBLINGS": "triton:" + "ef" * 32}
     suffix |= dict.fromkeys(("JOB", "META", "LOCK"), kernel)

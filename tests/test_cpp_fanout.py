@@ -33,6 +33,7 @@ def run_training(env: Env, tmp: Path, name: str, width: int, **more: str) -> dic
         env=env.vars(
             TORCHINDUCTOR_CACHE_DIR=str(tmp / name / "inductor"),
             TRITON_CACHE_DIR=str(tmp / name / "triton"),
+            TMPDIR=str(tmp / name),  # where Inductor makes its precompiled header
             **more,
         ),
         capture_output=True,
@@ -46,6 +47,10 @@ def run_training(env: Env, tmp: Path, name: str, width: int, **more: str) -> dic
 def probe_sources(machine: Path) -> list[Path]:
     """Inductor's vector-ISA probes compiled on this "machine" (each a local C++ build)."""
     return [p for p in machine.rglob("*.cpp") if "__avx" in p.read_text(errors="replace")]
+
+
+def precompiled_headers(machine: Path) -> list[Path]:
+    return list(machine.rglob("*.h.gch"))
 
 
 def kernel_objects(machine: Path) -> list[Path]:
@@ -68,6 +73,8 @@ def test_a_cold_graphs_cpp_objects_are_built_by_a_worker_and_none_by_the_client(
     assert counters["cpp_remote_compiles"] >= len(objects)
     assert counters["cpp_local_compiles"] == len(probe_sources(tmp_path / "client"))
     assert "built C++ object" in worker.log.read_text()
+    # Nor did it make Inductor's precompiled header (155 MB, 4.3 s here): only its builds read it.
+    assert not precompiled_headers(tmp_path / "client")
 
     # A second machine finds every object in the store: nothing built anywhere.
     again = run_training(env, tmp_path, "again", width)
@@ -88,6 +95,7 @@ def test_with_fan_out_off_the_client_builds_its_cpp_objects_as_before(
     objects = kernel_objects(tmp_path / "client")
     assert counters["cpp_local_compiles"] >= len(objects) > 0
     assert counters.get("cpp_remote_compiles", 0) == 0
+    assert precompiled_headers(tmp_path / "client")  # its own builds read it
 
 
 @pytest.fixture(scope="module")

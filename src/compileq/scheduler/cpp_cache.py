@@ -7,8 +7,9 @@ ISA included), computed without paths; compileq adds the compiler's version, tor
 identity and this CPU's feature flags, then stores the ``.so`` bytes. The flags because
 Inductor compiles with ``-march=native``: an object built on a CPU with more features than
 this one may use an instruction this one lacks, and a training process killed by SIGILL is a
-failed compile (the rejected alternative, the vector ISA alone, is what the name covers). A new machine writes the object where the build would
-have, atomically, and Inductor loads it as if it had built it. Stock's remote FX cache does
+failed compile (the rejected alternative, the vector ISA alone, is what the name covers). A
+new machine writes the object where the build would have, atomically, and Inductor loads it
+as if it had built it. Stock's remote FX cache does
 not do this, so a stock "warm" start still runs the C++ compiler for every kernel.
 """
 
@@ -80,7 +81,7 @@ def _compile_cpp(lock_path: str, cpp_builders: Sequence[Any]) -> None:
         # machine's objects (each makes its own, workers/cpp.py): 4.3 s on the 2-core CI
         # machine, on the thread that generates the graph. A build that still happens here
         # reads the header's text instead, slower and the same.
-        if not cpp_fanout.sends_builds():
+        if not cpp_fanout.sends_builds(cpp_builders):
             _original(lock_path, cpp_builders)
         return
     plan = _look_up(cpp_builders)

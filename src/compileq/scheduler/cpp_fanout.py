@@ -60,19 +60,24 @@ def precompiled_header(builders: Sequence[Any]) -> bool:
     return True
 
 
-def _not_sending() -> bool:
+def _not_sending(header: Sequence[Any]) -> bool:
     return False
 
 
 @boundary.guard("C++ fan-out", instead=_not_sending)
-def sends_builds() -> bool:
-    """Whether this client's C++ objects go to workers now. Never in a worker's codegen,
-    whose pool process keeps its own precompiled header for every graph it generates."""
+def sends_builds(header: Sequence[Any]) -> bool:
+    """Whether the objects that include this precompiled ``header`` (its builders) go to
+    workers now: a live worker serves this machine's C++ queue, and the header's own command
+    line can travel (else neither will theirs, and they are built here, with the header).
+    Never in a worker's codegen, whose pool process keeps its header for every graph."""
     client = _client
     if client is None or client.in_worker or client.redis_down():
         return False
     try:
+        CppJob.from_builders(cpp_toolchain(), header, machine_dirs())
         return client.router.has_worker(cpp_queue(cpp_toolchain()))
+    except (Unportable, OSError, ValueError):
+        return False
     except redis.RedisError as e:
         client.redis_failed(e)
         return False

@@ -16,6 +16,9 @@ broker down, the worker's compile failing, the deadline passing) the graph is co
 process by Inductor's own ``_InProcessFxCompile``, exactly as without compileq, and the reason
 is logged once. The client loading the output code then asks for its kernels again; the worker
 stored them under the same keys, so they are cache hits.
+
+The round trip itself (``run_job``: single flight on the job's key, the signed job, the wait
+for the worker's announcement) serves C++ objects too (``cpp_fanout``), as another ``Kind``.
 """
 
 from __future__ import annotations
@@ -319,8 +322,9 @@ def _send_once(
     Single flight: equal graphs make equal jobs (fx_wire writes them canonically, and the key
     is the graph's hash written for ``cuda:0``; a C++ object's key is its target's), so a
     second process sending this graph (another rank, or a rank of another GPU index) waits
-    for the first one's build instead of enqueueing its own. The worker drops the lease when it settles; a client that died
-    before enqueueing holds it no longer than a wait would last.
+    for the first one's build instead of enqueueing its own. The worker drops the lease when
+    it settles; a client that died before enqueueing holds it no longer than a wait would
+    last.
     """
     store, settings = client.store, client.settings
     lease_ms = (int(settings.deadline_s) + 1) * 1000
