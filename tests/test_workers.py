@@ -24,7 +24,7 @@ from compileq.tasks.app import celery_config
 from compileq.workers.fx_slots import FxSlots
 from compileq.workers.gpus import Gpu, from_smi_rows, parse_smi, select_gpus, visible_entries
 from compileq.workers.supervisor import ChildSpec, plan
-from tests.conftest import SECRET, Env, RedisServer, start_worker, stop_worker
+from tests.conftest import SECRET, Env, RedisServer, Worker, start_worker, stop_worker
 
 H100 = Target("cuda", "90", 32)
 GPUS = [Gpu(0, "H100", H100), Gpu(1, "H100", H100)]
@@ -158,6 +158,24 @@ def test_graph_codegen_enqueues_kernels_only_while_some_pool_process_generates_n
     assert slots.generating_now == 0
     with pytest.raises(ValueError, match="at least 1"):
         FxSlots(0)
+
+
+def _descendants(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            found += [int(child), *_descendants(int(child))]
+    return found
+
+
+def test_a_worker_builds_at_a_lower_priority_than_the_training_processes_beside_it(
+    worker: Worker,
+) -> None:
+    # COMPILEQ_WORKER_NICE (10 by default): the pool Celery forked, and what it runs.
+    pool = [pid for pid in _descendants(worker.process.pid) if Path(f"/proc/{pid}").exists()]
+    assert len(pool) >= 3, pool  # the worker process and its pool of 2
+    assert {os.getpriority(os.PRIO_PROCESS, pid) for pid in pool} == {10}
+    assert os.getpriority(os.PRIO_PROCESS, 0) == 0  # this test process, a "client": as started
 
 
 def test_a_stopped_worker_withdraws_its_heartbeat(

@@ -202,6 +202,14 @@ class Settings(BaseSettings):
         description="With fx: under DDP, let each subgraph's forward compile go on while its "
         "worker generates it, and load them all at the end of the frame's compile.",
     )
+    worker_nice: int = Field(
+        10,
+        ge=0,
+        le=19,
+        description="The niceness `compileq worker` builds at (its pool, compilers and "
+        "assemblers inherit it): on a GPU node, the training processes' own tracing is the "
+        "critical path, and the worker yields them the CPUs. 0 leaves it as started.",
+    )
     cpp_fanout: bool = Field(
         True,
         description="Send a C++ object Inductor must build to a worker with the same compiler, "

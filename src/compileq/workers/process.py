@@ -217,6 +217,11 @@ def main(argv: list[str] | None = None) -> int:
     # alternative: gc.disable() in the pool processes, which would also stop collecting
     # what a codegen job leaves behind.
     gc.freeze()
+    if settings.worker_nice:
+        # Inherited by the pool Celery forks next, and by every compiler it runs. On a GPU
+        # node the ranks trace their graphs (Dynamo, AOTAutograd: one thread each, the path
+        # the whole job waits on) while this worker generates and builds beside them.
+        os.nice(settings.worker_nice)
     app.worker_main(
         [
             "worker",
