@@ -126,6 +126,8 @@ def run_job(
     if nproc:
         argv += ["-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
         argv += ["--master-port", port]
+        if cprofile is not None:  # each rank: NAME-rankK.pstats (bench.rank_cprofile)
+            argv += ["-m", "bench.rank_cprofile", str(cprofile / name)]
     elif cprofile is not None:  # the whole process; read with python -m bench.profile_report
         argv += ["-m", "cProfile", "-o", str(cprofile / f"{name}.pstats")]
     argv += [str(SCRIPT), *args, "--rank-caches", str(caches)]
@@ -190,8 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cprofile",
         action="store_true",
-        help="with --nproc 0: run each job under cProfile, writing RUN.pstats to --out "
-        "(timings then include the profiler's own cost)",
+        help="run each job under cProfile, writing RUN.pstats (with ranks: RUN-rankK.pstats) "
+        "to --out (timings then include the profiler's own cost)",
     )
     parser.add_argument("script_args", nargs="*", help="after --: llama_script.py arguments")
     args = parser.parse_args(argv)
