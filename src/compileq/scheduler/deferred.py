@@ -22,7 +22,8 @@ are compared with the ones assumed:
   over 1024 elements and not a multiple of 128 bytes; ``comprehensive_padding``): they go
   only to the backward, which is not compiled yet. Its example inputs are restrided to the real
   strides, exactly as AOTAutograd restrides them after a forward it waited for
-  (``_aot_stage2b_bw_compile``), and the frame stands.
+  (``_aot_stage2b_bw_compile``), and the frame stands. (The backward sent ahead with the
+  traced strides, ``speculative``, is then another graph: it is generated at its first call.)
 - Any other different, or a fetch failed: the frame's compile runs again with nothing
   deferred, as stock would run it (graphs the workers generated are FX-cache hits then), and
   nothing is deferred again in this process (``ddp_forward_mispredictions``). Slower, never
