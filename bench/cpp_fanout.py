@@ -7,7 +7,11 @@ between "machines") and an emptied compileq store:
 * ``stock``: the script alone, stock Inductor;
 * ``compileq_local``: ``compileq run --no-fx`` with ``COMPILEQ_CPP_FANOUT=0``: codegen in
   the process, C++ objects built there (the store only shares them afterwards);
-* ``compileq_fanout``: ``compileq run --no-fx``: the same, C++ objects built by the worker.
+* ``compileq_fanout``: ``compileq run --no-fx``: the same, C++ objects built by the worker;
+* ``compileq_new_local`` and ``compileq_new_fanout``: a new machine (empty local dirs) on the
+  warm store the cold runs left, without and with the fan-out: every object is a hit, but
+  Inductor makes its precompiled header before its first one, unless workers build this
+  machine's objects (then it neither makes nor fetches it).
 
 ``--no-fx`` isolates the C++ builds: with codegen on the workers too, the objects are built in
 the worker's codegen, not by the training process. One ``compileq worker --cpu-only`` with
@@ -33,7 +37,13 @@ from typing import Any
 
 from bench.harness import ROOT, CacheDirs, Cluster, new_workdir
 
-RUNS = ("stock", "compileq_local", "compileq_fanout")
+RUNS = (
+    "stock",
+    "compileq_local",
+    "compileq_fanout",
+    "compileq_new_local",
+    "compileq_new_fanout",
+)
 SCRIPT_ARGS = ("--device", "cpu", "--layers", "4", "--width", "128", "--steps", "1")
 _COUNTERS = ("cpp_local_compiles", "cpp_remote_compiles", "cpp_hits", "cpp_misses")
 
@@ -69,9 +79,10 @@ def run_job(
     argv = [sys.executable, *script]
     if name != "stock":
         argv = [sys.executable, "-m", "compileq.cli", "run", "--no-fx", "--", *argv]
-    if name == "compileq_local":
+    if name in ("compileq_local", "compileq_new_local"):
         env["COMPILEQ_CPP_FANOUT"] = "0"
-    cluster.flush()
+    if "_new_" not in name:
+        cluster.flush()
     before = cluster.stats()
     launched = time.time()
     proc = subprocess.run(
@@ -99,6 +110,7 @@ def run_job(
         "matches_eager": result["matches_eager"],
         "losses": result["losses"],
         "kernel_objects": len(objects),
+        "headers_made": len(list(tmp.rglob("*.h.gch"))),  # Inductor's precompiled header
         **{c: after.get(c, 0) - before.get(c, 0) for c in _COUNTERS},
     }
 
@@ -153,15 +165,19 @@ def report(results: dict[str, list[dict[str, Any]]]) -> str:
 
     stock = median(r["first_step_s"] for r in results["stock"])
     lines = [
-        "| run | first step per rep (s) | vs stock | C++ objects | built here / by workers |",
-        "| --- | --- | --- | --- | --- |",
+        "| run | first step per rep (s) | vs stock | C++ objects | built here / by workers "
+        "| hits | precompiled header made |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, runs in results.items():
         steps = " / ".join(f"{r['first_step_s']:.2f}" for r in runs)
         ratio = median(r["first_step_s"] for r in runs) / stock
         last = runs[-1]
         built = f"{last['cpp_local_compiles']} / {last['cpp_remote_compiles']}"
-        lines.append(f"| {name} | {steps} | {ratio:.2f}x | {last['kernel_objects']} | {built} |")
+        lines.append(
+            f"| {name} | {steps} | {ratio:.2f}x | {last['kernel_objects']} | {built} "
+            f"| {last['cpp_hits']} | {'yes' if last['headers_made'] else 'no'} |"
+        )
     return "\n".join(lines)
 
 
