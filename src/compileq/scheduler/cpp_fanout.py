@@ -30,7 +30,7 @@ from compileq.tasks.queues import cpp_queue
 CPP = fx_remote.Kind(COMPILE_CPP, "cpp", "build the C++ object")
 
 _client: KernelClient | None = None
-#: Each precompiled header this process made: its path -> the builder that precompiled it.
+#: Each precompiled header Inductor asked for here (made or skipped): path -> its builder.
 _headers: dict[str, Any] = {}
 #: In a worker's codegen: whether a sibling pool process is free to take what is sent (see
 #: ``workers/fx_slots.py``: waiting on busy siblings that wait too would never end).
