@@ -7,6 +7,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -112,6 +113,10 @@ def real_builders(tmp_path_factory: pytest.TempPathFactory) -> list[list[Any]]:
         original(lock_path, builders)
 
     codecache._worker_compile_cpp = spy
+    # Inductor makes its precompiled header once per process: ask for it again, to see it.
+    precompile = getattr(codecache, "_precompile_header", None)
+    if hasattr(precompile, "cache_clear"):
+        precompile.cache_clear()
     try:
         cache = str(tmp_path_factory.mktemp("inductor"))
         with mock.patch.dict(os.environ, {"TORCHINDUCTOR_CACHE_DIR": cache}):
@@ -121,7 +126,11 @@ def real_builders(tmp_path_factory: pytest.TempPathFactory) -> list[list[Any]]:
     finally:
         codecache._worker_compile_cpp = original
         torch._dynamo.reset()
-    return [b for b in seen if not getattr(b[0], "_precompiling", False)]
+    return seen
+
+
+def kernels(real_builders: list[list[Any]]) -> list[list[Any]]:
+    return [b for b in real_builders if not getattr(b[0], "_precompiling", False)]
 
 
 def test_a_cpp_job_carries_no_path_of_the_client_and_builds_where_it_is_filled_in(
@@ -129,8 +138,8 @@ def test_a_cpp_job_carries_no_path_of_the_client_and_builds_where_it_is_filled_i
 ) -> None:
     from compileq.workers.cpp import build
 
-    assert real_builders, "Inductor built no C++ kernel"
-    builders = real_builders[0]
+    assert kernels(real_builders), "Inductor built no C++ kernel"
+    builders = kernels(real_builders)[0]
     dirs = machine_dirs()
     job = CppJob.from_builders("t", builders, dirs)
     wire = job.to_bytes()
@@ -149,10 +158,33 @@ def test_a_cpp_job_carries_no_path_of_the_client_and_builds_where_it_is_filled_i
     ctypes.CDLL(str(built))
 
 
+def test_a_workers_precompiled_header_is_made_once_from_the_clients_and_kept(
+    real_builders: list[list[Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from compileq.workers.cpp import build
+
+    (header,) = [b[0] for b in real_builders if getattr(b[0], "_precompiling", False)]
+    path = str(header.get_target_file_path()).removesuffix(".gch")
+    job = CppJob.from_builders("t", kernels(real_builders)[0], machine_dirs(), {path: header})
+    assert job.header is not None and job.header.name == Path(path).name
+    assert any(w == "{pch}/" + job.header.name for step in job.steps for w in step)
+    assert path not in job.to_bytes().decode()  # the header's text and line travel, not it
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the worker host's temp dir
+    import ctypes
+
+    for n in range(2):
+        (tmp_path / f"k{n}.so").write_bytes(build(job))
+        ctypes.CDLL(str(tmp_path / f"k{n}.so"))  # a loadable object each time
+        if n == 0:
+            (made,) = tmp_path.glob("compileq-pch-*/*/*.gch")
+            when = made.stat().st_mtime_ns
+    assert made.stat().st_mtime_ns == when  # kept, not made again
+
+
 def test_a_command_line_naming_a_dir_no_worker_has_stays_with_the_client(
     real_builders: list[list[Any]],
 ) -> None:
-    builder = real_builders[0][-1]
+    builder = kernels(real_builders)[0][-1]
 
     class Elsewhere:
         def get_target_file_path(self) -> str:
