@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.harness import ROOT, CacheDirs, Cluster, new_workdir
+from bench.harness import ROOT, CacheDirs, Cluster, new_workdir, process_tree
 
 RUNS = (
     "stock",
@@ -61,10 +61,7 @@ def cpus(spec: str | None) -> set[int] | None:
 
 def pin_tree(pid: int, chosen: set[int]) -> None:
     """Pin a process and all its descendants (a worker and its forked pool)."""
-    import psutil
-
-    root = psutil.Process(pid)
-    for proc in (root, *root.children(recursive=True)):
+    for proc in process_tree(pid):
         os.sched_setaffinity(proc.pid, chosen)
 
 

@@ -57,7 +57,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.harness import ROOT, Cluster, new_workdir
+from bench.harness import ROOT, Cluster, new_workdir, process_tree
 
 SCRIPT = ROOT / "examples" / "llama_script.py"
 GPU_ARGS = ("--device", "cuda", "--width", "512", "--layers", "8", "--bucket-mb", "4")
@@ -90,8 +90,7 @@ def reniced(cluster: Cluster, nice: int | None) -> Iterator[None]:
         return
     import psutil
 
-    root = psutil.Process(cluster.worker.pid)
-    procs = [root, *root.children(recursive=True)]
+    procs = process_tree(cluster.worker.pid)
     before = {p.pid: p.nice() for p in procs}
     for p in procs:
         p.nice(nice)

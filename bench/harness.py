@@ -180,6 +180,18 @@ class Cluster:
             stop(self.redis.process)
 
 
+def process_tree(pid: int) -> list[Any]:
+    """A process and all its descendants, as psutil processes (a worker and its pool);
+    empty if it is gone."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
 class CacheDirs:
     """Named local cache directories: a new name is a new machine, a reused name a warm one."""
 

@@ -25,6 +25,7 @@ from bench.harness import (
     Run,
     finish,
     launch,
+    process_tree,
     run_once,
 )
 
@@ -157,13 +158,8 @@ def loss_equal_stock(losses: dict[str, list[Any]]) -> dict[str, bool]:
 def _tree_cpu(pid: int) -> float:
     import psutil
 
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return 0.0
     total = 0.0
-    for p in procs:
+    for p in process_tree(pid):
         try:
             t = p.cpu_times()
             total += t.user + t.system + t.children_user + t.children_system

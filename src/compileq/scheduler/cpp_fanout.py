@@ -60,6 +60,16 @@ def precompiled_header(builders: Sequence[Any]) -> bool:
     return True
 
 
+def _served_queue(client: KernelClient) -> str | None:
+    """This machine's C++ queue, if a live worker serves it (a Redis failure reads as no)."""
+    queue = cpp_queue(cpp_toolchain())
+    try:
+        return queue if client.router.has_worker(queue) else None
+    except redis.RedisError as e:
+        client.redis_failed(e)
+        return None
+
+
 def _not_sending(header: Sequence[Any]) -> bool:
     return False
 
@@ -75,12 +85,9 @@ def sends_builds(header: Sequence[Any]) -> bool:
         return False
     try:
         CppJob.from_builders(cpp_toolchain(), header, machine_dirs())
-        return client.router.has_worker(cpp_queue(cpp_toolchain()))
     except (Unportable, OSError, ValueError):
         return False
-    except redis.RedisError as e:
-        client.redis_failed(e)
-        return False
+    return _served_queue(client) is not None
 
 
 def _built_here(key: str, builders: Sequence[Any]) -> bytes | None:
@@ -94,19 +101,16 @@ def built_remotely(key: str, builders: Sequence[Any]) -> bytes | None:
     client = _client
     if client is None or client.redis_down() or not _may_send():
         return None
-    toolchain = cpp_toolchain()
-    queue = cpp_queue(toolchain)
+    queue = _served_queue(client)
+    if queue is None:
+        return None
     try:
-        if not client.router.has_worker(queue):
-            return None
-        job = CppJob.from_builders(toolchain, builders, machine_dirs(), _headers)
+        job = CppJob.from_builders(cpp_toolchain(), builders, machine_dirs(), _headers)
         return fx_remote.run_job(client, CPP, key, job.to_bytes, queue)
     except Unportable as e:
         warn_once("cpp-unportable", "compileq: C++ object built here (%s)", e)
     except fx_remote.Fallback as e:
         warn_once(e.topic, "compileq: %s; building the C++ object here", e)
-    except redis.RedisError as e:  # asking whether a worker is live
-        client.redis_failed(e)
     except (OSError, ValueError) as e:  # a source unreadable, or a job over the cap
         warn_once("cpp-job", "compileq: C++ object built here (%s)", e)
     return None
