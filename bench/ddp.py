@@ -19,8 +19,11 @@ Each repetition runs, in fresh process trees:
 * ``compileq_cold_no_defer``: the same with ``COMPILEQ_DEFER_FORWARDS=0`` (each DDP
   subgraph's forward compile waits for its worker before the next bucket is traced);
 * ``compileq_cold_nice0``: the same as ``compileq_cold`` below, with the workers' processes
-  reniced to 0 for the run (they build at ``COMPILEQ_WORKER_NICE``, 10 by default, beside
-  the ranks);
+  and their session's autogroup reniced to 0 for the run (they build at
+  ``COMPILEQ_WORKER_NICE``, 10 by default, beside the ranks: workers/priority.py);
+* ``compileq_cold_all_cpus``: the same with the workers' processes on every CPU for the run
+  (``compileq worker`` leaves one physical core per GPU it serves to the ranks by default:
+  workers/cpus.py);
 * ``compileq_cold``: ``compileq run``, compileq's store emptied but for what the workers'
   start stored (``Cluster.flush``) and the workers' local caches wiped (a cold cluster),
   backwards sent when AOTAutograd partitions their graphs;
@@ -58,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import ROOT, Cluster, new_workdir, process_tree
+from compileq.workers import cpus
 
 SCRIPT = ROOT / "examples" / "llama_script.py"
 GPU_ARGS = ("--device", "cuda", "--width", "512", "--layers", "8", "--bucket-mb", "4")
@@ -73,6 +77,7 @@ PLAN = (
     ("compileq_cold_lazy", "compileq-lazy", "cold"),
     ("compileq_cold_no_defer", "compileq-no-defer", "cold"),
     ("compileq_cold_nice0", "compileq-nice0", "cold"),
+    ("compileq_cold_all_cpus", "compileq-all-cpus", "cold"),
     ("compileq_cold", "compileq", "cold"),
     ("compileq_new", "compileq", None),
     ("compileq_new_no_gc_window", "compileq-no-gc-window", None),
@@ -83,23 +88,56 @@ RUNS = tuple(name for name, _, _ in PLAN)
 
 
 @contextlib.contextmanager
-def reniced(cluster: Cluster, nice: int | None) -> Iterator[None]:
-    """Within: every process of the cluster's worker at ``nice`` (None: as they are)."""
-    if nice is None or cluster.worker is None:
+def adjusted(cluster: Cluster, nice: int | None, cpus: set[int] | None) -> Iterator[None]:
+    """Within: every process of the cluster's worker at ``nice`` and on ``cpus`` (None: as
+    they are)."""
+    if (nice is None and cpus is None) or cluster.worker is None:
         yield
         return
     import psutil
 
     procs = process_tree(cluster.worker.pid)
-    before = {p.pid: p.nice() for p in procs}
+    before = {p.pid: (p.nice(), p.cpu_affinity()) for p in procs}
+    # The session's autogroup too (workers/priority.py): the worker leads a session of its own.
+    autogroup = Path(f"/proc/{cluster.worker.pid}/autogroup")
+    group_nice = autogroup.read_text().split()[-1] if autogroup.exists() else None
     for p in procs:
-        p.nice(nice)
+        if nice is not None:
+            p.nice(nice)
+        if cpus is not None:
+            p.cpu_affinity(sorted(cpus))
+    if nice is not None and group_nice is not None:
+        autogroup.write_text(f"{nice}\n")
     try:
         yield
     finally:
         for p in procs:
             with contextlib.suppress(psutil.Error):
-                p.nice(before[p.pid])
+                p.nice(before[p.pid][0])
+                p.cpu_affinity(before[p.pid][1])
+        if nice is not None and group_nice is not None:
+            with contextlib.suppress(OSError):
+                autogroup.write_text(f"{group_nice}\n")
+
+
+def host_busy_s() -> float:
+    """CPU seconds the whole host has spent busy (not idle, not waiting on I/O) since boot."""
+    import psutil
+
+    times = psutil.cpu_times()
+    return sum(times) - times.idle - getattr(times, "iowait", 0.0)
+
+
+def tree_cpu_s(pid: int | None) -> float:
+    """CPU seconds (user + system) used so far by a process tree's living members."""
+    import psutil
+
+    total = 0.0
+    for p in process_tree(pid) if pid is not None else []:
+        with contextlib.suppress(psutil.Error):
+            times = p.cpu_times()
+            total += times.user + times.system + times.children_user + times.children_system
+    return total
 
 
 def run_job(
@@ -140,8 +178,12 @@ def run_job(
     elif mode == "stock-remote":
         env.update(cluster.stock_remote_env())
     before = cluster.stats()
+    worker = cluster.worker.pid if cluster.worker is not None else None
+    worker_cpu, host_busy = tree_cpu_s(worker), host_busy_s()
     launched = time.time()
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1800)
+    wall = time.time() - launched
+    worker_cpu, host_busy = tree_cpu_s(worker) - worker_cpu, host_busy_s() - host_busy
     (workdir / f"{name}.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         raise SystemExit(f"{name} failed:\n{proc.stderr[-4000:]}")
@@ -170,6 +212,9 @@ def run_job(
         "losses": [r["losses"] for r in ranks],
         "matches_eager": all(r["matches_eager"] for r in ranks),
         "phases": ranks[0].get("compile_phases", {}),
+        # How busy the worker and the whole host were over the run (CPUs in use, on average).
+        "worker_cpus_busy": round(worker_cpu / wall, 2),
+        "host_cpus_busy": round(host_busy / wall, 2),
         # Rank 0's start-up marks, seconds after launch (launcher, imports, models, wrap).
         "startup": {k: round(t - launched, 2) for k, t in ranks[0].get("startup", {}).items()},
     }
@@ -214,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
         # CPU machine keeps 4: graph codegens and kernel builds overlap there.
         cluster.start_worker(None if gpus else 4, gpus="all" if gpus else None)
         worker_ready_s = round(time.monotonic() - worker_started, 1)
+        worker_cpus = cpus.describe(
+            set(os.sched_getaffinity(process_tree(cluster.worker.pid)[-1].pid))
+        )
         for rep in range(args.reps):
             for name, mode, before in PLAN:
                 if name not in chosen:
@@ -223,7 +271,9 @@ def main(argv: list[str] | None = None) -> int:
                 if before == "cold":
                     cluster.wipe_worker_caches()
                 reuse = f"stock_cold-{rep}" if before == "reuse" else None
-                with reniced(cluster, 0 if mode == "compileq-nice0" else None):
+                nice = 0 if mode == "compileq-nice0" else None
+                every_cpu = cpus.usable() if mode == "compileq-all-cpus" else None
+                with adjusted(cluster, nice, every_cpu):
                     results[name].append(
                         run_job(
                             cluster,
@@ -249,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         "script_args": script_args,
         "worker_ready_s": worker_ready_s,
+        "cpus": len(cpus.usable()),
+        "physical_cores": len(cpus.cores(cpus.usable())),
+        "worker_cpus": worker_cpus,
         "bench_s": round(time.monotonic() - started, 1),
     }
     (out / "ddp.json").write_text(json.dumps({"meta": meta, "runs": results}, indent=1))

@@ -176,6 +176,34 @@ def test_a_worker_builds_at_a_lower_priority_than_the_training_processes_beside_
     assert len(pool) >= 3, pool  # the worker process and its pool of 2
     assert {os.getpriority(os.PRIO_PROCESS, pid) for pid in pool} == {10}
     assert os.getpriority(os.PRIO_PROCESS, 0) == 0  # this test process, a "client": as started
+    # Started in a session of its own (as by systemd or a container), its session's autogroup
+    # is lowered too: otherwise the kernel shares the CPUs between sessions first, and nice
+    # only weighs the worker's processes against each other (workers/priority.py).
+    autogroup = Path(f"/proc/{worker.process.pid}/autogroup")
+    if autogroup.exists():  # a kernel with autogroup scheduling
+        assert autogroup.read_text().split()[-1] == "10"
+        assert Path("/proc/self/autogroup").read_text().split()[-1] == "0"
+
+
+def test_only_a_worker_that_leads_its_session_lowers_the_session(tmp_path: Path) -> None:
+    # The same call in a process that leads a session of its own and in one that shares its
+    # parent's (a worker started from a shell shares the shell's, training jobs included).
+    code = (
+        "import sys; from pathlib import Path; from compileq.workers import priority; "
+        "print(priority.lower_session(10, Path(sys.argv[1])))"
+    )
+    for own_session, expected in ((True, "True"), (False, "False")):
+        autogroup = tmp_path / f"autogroup-{own_session}"
+        autogroup.write_text("/autogroup-1 nice 0\n")
+        done = subprocess.run(
+            [sys.executable, "-c", code, str(autogroup)],
+            capture_output=True,
+            text=True,
+            start_new_session=own_session,
+            check=True,
+        )
+        assert done.stdout.strip() == expected
+        assert autogroup.read_text() == ("10\n" if own_session else "/autogroup-1 nice 0\n")
 
 
 def test_a_stopped_worker_withdraws_its_heartbeat(
@@ -319,3 +347,70 @@ def test_a_codegen_postpones_full_collections_and_leaves_the_thresholds_as_they_
         gc.callbacks.remove(seen)
     assert during and 2 not in during, sorted(set(during))
     assert gc.get_threshold() == before
+
+
+def _topology(root: Path, siblings: dict[int, str]) -> Path:
+    """A /sys/devices/system/cpu as Linux writes it: each CPU's SMT siblings."""
+    for cpu, listed in siblings.items():
+        (root / f"cpu{cpu}" / "topology").mkdir(parents=True)
+        (root / f"cpu{cpu}" / "topology" / "thread_siblings_list").write_text(listed + "\n")
+    return root
+
+
+def test_a_cpu_list_reads_as_linux_writes_it_and_a_bad_one_is_refused() -> None:
+    from compileq.workers import cpus
+
+    assert cpus.parse("0-3,8, 10-11") == {0, 1, 2, 3, 8, 10, 11}
+    assert cpus.describe({0, 1, 2, 5, 7, 8}) == "0-2,5,7-8"
+    for bad in ("", "a", "3-1", "-1", "1-"):
+        with pytest.raises(WorkerError, match="bad CPU list"):
+            cpus.parse(bad)
+
+
+def test_a_worker_leaves_whole_physical_cores_with_their_smt_siblings(tmp_path: Path) -> None:
+    from compileq.workers import cpus
+
+    # Four cores with two threads each, numbered as on most x86 hosts: core k is k and k+4.
+    topology = _topology(tmp_path, {c: f"{c % 4},{c % 4 + 4}" for c in range(8)})
+    every = set(range(8))
+    assert cpus.cores(every, topology) == [(0, 4), (1, 5), (2, 6), (3, 7)]
+    assert cpus.leaving(every, 2, topology) == {2, 3, 6, 7}  # no rank shares a core with a build
+    assert cpus.leaving(every, 0, topology) == every
+    assert cpus.leaving(every, 9, topology) == {3, 7}  # the worker keeps a core to build on
+    with pytest.raises(WorkerError, match="cannot leave"):
+        cpus.leaving(every, -1, topology)
+
+
+def test_a_gpu_node_worker_leaves_a_core_per_gpu_and_sizes_its_pools_on_the_rest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from compileq.workers import cpus, supervisor
+
+    monkeypatch.setattr(
+        supervisor, "probe_gpus", lambda: from_smi_rows(parse_smi(SMI_H200X2), None)
+    )
+    mine = sorted(cpus.usable())
+    specs = plan("all", False, [], None, cpu_list=cpus.describe(set(mine)))
+    # Two GPUs: two cores left (this machine's cores have no SMT siblings), the rest shared.
+    kept = cpus.leaving(set(mine), 2)
+    assert {s.cpus or tuple(mine) for s in specs} == {tuple(sorted(kept))}
+    assert all(s.concurrency == max(1, len(kept) // 2) for s in specs)
+    assert all(f"--cpus={cpus.describe(kept)}" in s.argv("INFO") for s in specs if s.cpus)
+    (spec,) = plan(None, True, ["sm_90"], None)  # a build node: every CPU, nothing pinned
+    assert spec.cpus == () and spec.concurrency == len(mine)
+    with pytest.raises(WorkerError, match="not among"):
+        plan("all", False, [], None, cpu_list=f"{max(mine) + 1}")
+
+
+def test_a_worker_given_cpus_runs_its_pool_and_compilers_on_them_only(
+    redis_server: RedisServer, env: Env, tmp_path: Path
+) -> None:
+    last = max(os.sched_getaffinity(0))
+    worker = start_worker(Env(redis_server.url(5), env.home), tmp_path, "--cpus", str(last))
+    try:
+        pool = [pid for pid in _descendants(worker.process.pid) if Path(f"/proc/{pid}").exists()]
+        assert len(pool) >= 3, pool  # the worker process and its pool of 2
+        assert {frozenset(os.sched_getaffinity(pid)) for pid in pool} == {frozenset({last})}
+        assert f"on CPUs {last}" in worker.log.read_text()
+    finally:
+        stop_worker(worker)

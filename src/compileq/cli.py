@@ -40,7 +40,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
     settings = _settings(args)
     settings.secret_bytes()
     archs = [a for a in (args.arch or "").split(",") if a.strip()]
-    specs = supervisor.plan(args.gpus, args.cpu_only, archs, args.concurrency)
+    specs = supervisor.plan(
+        args.gpus,
+        args.cpu_only,
+        archs,
+        args.concurrency,
+        settings.worker_cpus if args.cpus is None else args.cpus,
+        settings.worker_leave_cores if args.leave_cores is None else args.leave_cores,
+    )
     specs = supervisor.with_metrics(specs, args.metrics_port)
     return supervisor.run(settings, specs, loglevel=args.loglevel)
 
@@ -168,6 +175,16 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="builds at once per worker process (a graph's codegen hands its kernels to the "
         "others while one is free, so 2 or more)",
+    )
+    p.add_argument(
+        "--cpus",
+        help="run on these CPUs only, e.g. 0-15,32-47 (default: $COMPILEQ_WORKER_CPUS, else all)",
+    )
+    p.add_argument(
+        "--leave-cores",
+        type=int,
+        help="physical cores left free for the training processes (default: "
+        "$COMPILEQ_WORKER_LEAVE_CORES, else one per GPU served, none with --cpu-only)",
     )
     p.add_argument(
         "--metrics-port",

@@ -210,6 +210,18 @@ class Settings(BaseSettings):
         "assemblers inherit it): on a GPU node, the training processes' own tracing is the "
         "critical path, and the worker yields them the CPUs. 0 leaves it as started.",
     )
+    worker_cpus: str = Field(
+        "",
+        description="The CPUs `compileq worker` runs on, as a list like 0-15,32-47 (its "
+        "pool and compilers inherit it); empty: every CPU it may use.",
+    )
+    worker_leave_cores: int | None = Field(
+        None,
+        ge=0,
+        description="Physical cores (each with its SMT siblings) `compileq worker` leaves "
+        "free for the training processes; unset: one per GPU it serves (none with "
+        "--cpu-only). See workers/cpus.py.",
+    )
     cpp_fanout: bool = Field(
         True,
         description="Send a C++ object Inductor must build to a worker with the same compiler, "

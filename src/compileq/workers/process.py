@@ -57,7 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu-name", default="", help="the GPU's model, as nvidia-smi names it")
     parser.add_argument("--loglevel", default="INFO")
     parser.add_argument("--metrics-port", type=int, default=None)
+    parser.add_argument("--cpus", default="", help="pin to these CPUs (workers.cpus)")
     args = parser.parse_args(argv)
+    if args.cpus:  # first: the pool, its compilers and torch's threads inherit it
+        from compileq.workers import cpus
+
+        cpus.pin(cpus.parse(args.cpus))
 
     from compileq.workers import cuda_fork
 
@@ -75,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     from compileq.tasks import app, triton_queue
     from compileq.tasks.queues import cpp_queue, fx_queue, tune_queue
-    from compileq.workers import execute, shutdown
+    from compileq.workers import execute, priority, shutdown
     from compileq.workers.fx_slots import FxSlots
     from compileq.workers.heartbeat import Heartbeat
     from compileq.workers.late_fx import LateFxQueues
@@ -194,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     # so clients never route to a worker that is not consuming.
     def ready(sender: Any = None, **_: Any) -> None:
         heartbeat.start()
-        log.info("compileq worker %s: %s", args.name, _ready_line(times))
+        log.info(
+            "compileq worker %s: %s; on CPUs %s", args.name, _ready_line(times), args.cpus or "all"
+        )
         late_queues.start(sender)
         # Celery's shutdown handlers are installed by now (its start-up, before the consumer):
         # a second SIGTERM inside the first one's handling would deadlock it (workers.shutdown).
@@ -217,11 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     # alternative: gc.disable() in the pool processes, which would also stop collecting
     # what a codegen job leaves behind.
     gc.freeze()
-    if settings.worker_nice:
-        # Inherited by the pool Celery forks next, and by every compiler it runs. On a GPU
-        # node the ranks trace their graphs (Dynamo, AOTAutograd: one thread each, the path
-        # the whole job waits on) while this worker generates and builds beside them.
-        os.nice(settings.worker_nice)
+    # Inherited by the pool Celery forks next, and by every compiler it runs (workers/priority.py).
+    priority.lower_process(settings.worker_nice)
     app.worker_main(
         [
             "worker",

@@ -9,7 +9,6 @@ with Celery's warm shutdown, letting running builds finish.
 from __future__ import annotations
 
 import dataclasses
-import os
 import signal
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from compileq._log import log
 from compileq.config import Settings, child_env
 from compileq.errors import WorkerError
 from compileq.fingerprint import Target
+from compileq.workers import cpus, priority
 from compileq.workers.gpus import probe_gpus, select_gpus
 
 #: A child that lived this long was healthy: its next death restarts it at once.
@@ -41,6 +41,8 @@ class ChildSpec:
     pin: str = ""
     #: The GPU's model (``NVIDIA H100 80GB HBM3``): which autotuning queue the child serves.
     gpu_name: str = ""
+    #: The CPUs the child pins itself to before forking its pool (workers.cpus); () all.
+    cpus: tuple[int, ...] = ()
 
     def argv(self, loglevel: str) -> list[str]:
         argv = [
@@ -60,6 +62,8 @@ class ChildSpec:
             argv.append(f"--gpu-name={self.gpu_name}")
         if self.metrics_port is not None:
             argv.append(f"--metrics-port={self.metrics_port}")
+        if self.cpus:
+            argv.append(f"--cpus={cpus.describe(set(self.cpus))}")
         return argv
 
     def env(self, settings: Settings) -> dict[str, str]:
@@ -75,20 +79,30 @@ def with_metrics(specs: list[ChildSpec], port: int | None) -> list[ChildSpec]:
 
 
 def plan(
-    gpus: str | None, cpu_only: bool, archs: list[str], concurrency: int | None
+    gpus: str | None,
+    cpu_only: bool,
+    archs: list[str],
+    concurrency: int | None,
+    cpu_list: str = "",
+    leave_cores: int | None = None,
 ) -> list[ChildSpec]:
-    cores = os.cpu_count() or 1
+    """One child per GPU (or one cross-compiling child), on ``cpu_list`` (empty: every CPU
+    this process may use) less ``leave_cores`` physical cores (None: one per GPU served).
+    Without ``concurrency`` a child runs a pool process per CPU it has, shared with the
+    other children."""
     if cpu_only:
         if gpus:
             raise WorkerError("--cpu-only and --gpus exclude each other")
         if not archs:
             raise WorkerError("--cpu-only needs --arch (for example --arch sm_90,sm_80)")
         targets = tuple(dict.fromkeys(Target.parse(a) for a in archs))
-        return [ChildSpec("cpu", targets, concurrency or cores, True, None)]
+        mine = cpus.choose(cpu_list, leave_cores or 0)
+        return [ChildSpec("cpu", targets, concurrency or len(mine), True, None, cpus=_pinned(mine))]
     if archs:
         raise WorkerError("--arch applies to --cpu-only; GPU workers build for their own GPU")
     chosen = select_gpus(gpus or "all", probe_gpus())
-    per_gpu = concurrency or max(1, cores // len(chosen))
+    mine = cpus.choose(cpu_list, len(chosen) if leave_cores is None else leave_cores)
+    per_gpu = concurrency or max(1, len(mine) // len(chosen))
     return [
         ChildSpec(
             f"gpu{g.index}",
@@ -98,9 +112,15 @@ def plan(
             g.index,
             pin=g.visible_devices,
             gpu_name=g.name,
+            cpus=_pinned(mine),
         )
         for g in chosen
     ]
+
+
+def _pinned(mine: set[int]) -> tuple[int, ...]:
+    """What a child pins itself to: nothing where that is every CPU it may use anyway."""
+    return () if mine == cpus.usable() else tuple(sorted(mine))
 
 
 def restart_delay(quick_deaths: int) -> float:
@@ -128,6 +148,8 @@ def run(settings: Settings, specs: list[ChildSpec], loglevel: str = "INFO") -> i
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    if priority.lower_session(settings.worker_nice):
+        log.info("compileq worker: this session's autogroup at nice %d", settings.worker_nice)
     for spec in specs:
         start(spec)
     # A child that dies is restarted after a delay that doubles with each quick death (capped),

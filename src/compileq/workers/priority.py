@@ -1,0 +1,54 @@
+"""How ``compileq worker`` yields the CPUs to the training processes beside it.
+
+On a GPU node the ranks' own tracing (Dynamo, AOTAutograd: one thread each) is what the job
+waits for, and the worker generates and builds exactly while they trace. Two knobs, both from
+``COMPILEQ_WORKER_NICE``:
+
+- the worker processes' niceness (:func:`lower_process`), inherited by the pool Celery forks
+  and every compiler it runs;
+- the niceness of the worker's *autogroup* (:func:`lower_session`). With Linux's autogroup
+  scheduling on (``/proc/sys/kernel/sched_autogroup_enabled``, the default of most
+  distributions), the scheduler first shares the CPUs fairly between sessions, and niceness
+  only weighs processes within one session: a worker started in a session of its own (by
+  systemd, a container runtime, a launcher) at nice 10 still took half the CPUs from the ranks
+  of another session. Measured on the 2-core CI machine: the ranks' joint-graph passes ran
+  3x slower beside the worker than in stock (docs/BENCHMARKS.md).
+
+The autogroup is lowered only by a supervisor that leads its own session: one started from a
+shell shares the shell's session (and its autogroup) with whatever else that terminal runs,
+a training job included, and lowering it would lower them too. Rejected alternative: starting
+each child in a new session of its own, which would take the children out of the process group
+that launchers, Slurm and our tests signal and kill as one.
+
+Inside a cgroup with a CPU controller (a Kubernetes pod, a systemd service) the autogroup plays
+no part: the cgroups' CPU weights share the CPUs (docs/DEPLOY.md says how to set them).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from compileq._log import log
+
+_AUTOGROUP = Path("/proc/self/autogroup")
+
+
+def lower_process(nice: int) -> None:
+    """This process (and every process it starts after) at niceness ``nice``."""
+    if nice:
+        os.nice(nice)
+
+
+def lower_session(nice: int, autogroup: Path = _AUTOGROUP) -> bool:
+    """This session's autogroup at niceness ``nice``, if this process leads its session;
+    whether it was set. Never fails the worker: a kernel without autogroups, or one that
+    refuses, leaves things as they are."""
+    if not nice or os.getsid(0) != os.getpid():
+        return False
+    try:
+        autogroup.write_text(f"{nice}\n")
+    except OSError as e:
+        log.info("compileq worker: autogroup left as it is (%s)", e)
+        return False
+    return True
