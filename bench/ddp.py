@@ -10,6 +10,8 @@ compileq in one invocation.
 Each repetition runs, in fresh process trees:
 
 * ``stock_cold``: stock torch.compile, empty caches;
+* ``stock_cold_keep``: the same with compileq's stack-chunk keeper alone in every process
+  (``compileq/stack_chunks.py``, loaded from ``bench/stock_keep``): its share of compileq's gain;
 * ``stock_warm_local``: stock again on the cold run's local cache dirs (a machine that has run
   the job before: the reference a new machine's warm start is measured against);
 * ``stock_remote_fill`` then ``stock_remote_new``: stock with its own Redis remote caches,
@@ -24,6 +26,8 @@ Each repetition runs, in fresh process trees:
 * ``compileq_cold_all_cpus``: the same with the workers' processes on every CPU for the run
   (``compileq worker`` leaves one physical core per GPU it serves to the ranks by default:
   workers/cpus.py);
+* ``compileq_cold_no_keep``: the same with ``COMPILEQ_KEEP_STACK_CHUNKS=0`` in the ranks (the
+  workers keep theirs);
 * ``compileq_cold``: ``compileq run``, compileq's store emptied but for what the workers'
   start stored (``Cluster.flush``) and the workers' local caches wiped (a cold cluster),
   backwards sent when AOTAutograd partitions their graphs;
@@ -71,6 +75,7 @@ CPU_ARGS = ("--width", "128", "--layers", "4", "--bucket-mb", "1")
 #: stock's cold run's local dirs, so a warm local cache).
 PLAN = (
     ("stock_cold", "stock", "flush"),
+    ("stock_cold_keep", "stock-keep", "flush"),
     ("stock_warm_local", "stock", "reuse"),
     ("stock_remote_fill", "stock-remote", None),
     ("stock_remote_new", "stock-remote", None),
@@ -78,6 +83,7 @@ PLAN = (
     ("compileq_cold_no_defer", "compileq-no-defer", "cold"),
     ("compileq_cold_nice0", "compileq-nice0", "cold"),
     ("compileq_cold_all_cpus", "compileq-all-cpus", "cold"),
+    ("compileq_cold_no_keep", "compileq-no-keep", "cold"),
     ("compileq_cold", "compileq", "cold"),
     ("compileq_new", "compileq", None),
     ("compileq_new_no_gc_window", "compileq-no-gc-window", None),
@@ -175,8 +181,12 @@ def run_job(
         env["COMPILEQ_DEFER_FORWARDS"] = "0" if mode == "compileq-no-defer" else "1"
         env["COMPILEQ_PROFILES"] = "1" if mode == "compileq-profile" else "0"  # opt-in
         env["COMPILEQ_GC_WINDOW"] = "0" if mode == "compileq-no-gc-window" else "1"
+        env["COMPILEQ_KEEP_STACK_CHUNKS"] = "0" if mode == "compileq-no-keep" else "1"
     elif mode == "stock-remote":
         env.update(cluster.stock_remote_env())
+    elif mode == "stock-keep":
+        path = [str(ROOT / "bench" / "stock_keep"), env.get("PYTHONPATH", "")]
+        env["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
     before = cluster.stats()
     worker = cluster.worker.pid if cluster.worker is not None else None
     worker_cpu, host_busy = tree_cpu_s(worker), host_busy_s()

@@ -210,6 +210,12 @@ class Settings(BaseSettings):
         "assemblers inherit it): on a GPU node, the training processes' own tracing is the "
         "critical path, and the worker yields them the CPUs. 0 leaves it as started.",
     )
+    keep_stack_chunks: bool = Field(
+        True,
+        description="Keep the chunks of Python's frame stack that a compile frees, instead of "
+        "unmapping and mapping them again at every call across a chunk's boundary "
+        "(see stack_chunks.py); needs a C compiler, else nothing changes.",
+    )
     worker_cpus: str = Field(
         "",
         description="The CPUs `compileq worker` runs on, as a list like 0-15,32-47 (its "

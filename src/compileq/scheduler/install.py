@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from compileq import fingerprint
+from compileq import fingerprint, stack_chunks
 from compileq._log import log, warn_once
 from compileq.cache.counters import Counter
 from compileq.config import Settings, get_settings
@@ -92,6 +92,8 @@ def install(
 
             profiles.hook_compile_fx()
             return True
+        if settings.keep_stack_chunks:
+            stack_chunks.keep()
         from torch._inductor import config
         from torch._inductor.async_compile import AsyncCompile, get_compile_threads
 

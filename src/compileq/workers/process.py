@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cuda_fork.prefer_nvml()
     cuda_fork.watch()
+    from compileq import stack_chunks
     from compileq.cache.store import RedisStore
     from compileq.config import get_settings
     from compileq.connect import redis_client
@@ -226,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     gc.freeze()
     # Inherited by the pool Celery forks next, and by every compiler it runs (workers/priority.py).
     priority.lower_process(settings.worker_nice)
+    if settings.keep_stack_chunks:  # before the fork: every pool process's codegen keeps them
+        stack_chunks.keep()
     app.worker_main(
         [
             "worker",
