@@ -109,7 +109,7 @@ unsigned long long compileq_stack_chunks_reused(void) { return reused; }
 """.replace("@KEPT@", str(KEPT))
 
 _lock = threading.Lock()
-_library: ctypes.CDLL | None = None
+_library: ctypes.PyDLL | None = None
 
 
 def keep() -> bool:
@@ -122,7 +122,9 @@ def keep() -> bool:
         if _library is not None:
             return True
         try:
-            library = ctypes.CDLL(str(_built()))
+            # PyDLL: its calls hold the interpreter's lock, so no other thread allocates while
+            # the allocator is swapped (ctypes.CDLL would release it around the call).
+            library = ctypes.PyDLL(str(_built()))
             library.compileq_stack_chunks_reused.restype = ctypes.c_ulonglong
             library.compileq_keep_stack_chunks()
         except Exception as e:  # a compile may be slower, never failed

@@ -11,8 +11,11 @@ waits for, and the worker generates and builds exactly while they trace. Two kno
   distributions), the scheduler first shares the CPUs fairly between sessions, and niceness
   only weighs processes within one session: a worker started in a session of its own (by
   systemd, a container runtime, a launcher) at nice 10 still took half the CPUs from the ranks
-  of another session. Measured on the 2-core CI machine: the ranks' joint-graph passes ran
-  3x slower beside the worker than in stock (docs/BENCHMARKS.md).
+  of another session. Measured on the 2-core CI machine, two gloo ranks beside one worker
+  (``python -m bench.ddp --runs stock_cold,compileq_cold_nice0,compileq_cold``): all ranks
+  done in 20.3-20.9 s with the autogroup lowered, 22.7-24.2 s at nice 0 (docs/BENCHMARKS.md).
+  On two H200s with 32 cores, where the worker kept less than one CPU busy on average, it made
+  no measurable difference.
 
 The autogroup is lowered only by a supervisor that leads its own session: one started from a
 shell shares the shell's session (and its autogroup) with whatever else that terminal runs,
