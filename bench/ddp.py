@@ -3,7 +3,7 @@ the Llama-style model of ``examples/llama_script.py`` (classes defined in the sc
 ``__main__``), each rank with local cache dirs of its own as if on a node of its own; stock and
 compileq in one invocation.
 
-    python -m bench.ddp [--nproc N] [--reps R] [--runs A,B] [--out DIR] [-- SCRIPT ARGS]
+    python -m bench.ddp [--nproc N] [--reps R] [--runs A,B] [--out DIR] [--cprofile | --strace] [-- SCRIPT ARGS]
 
 ``--nproc 0`` runs the script as plain ``python`` (one process, no torchrun, no DDP).
 
@@ -94,10 +94,10 @@ RUNS = tuple(name for name, _, _ in PLAN)
 
 
 @contextlib.contextmanager
-def adjusted(cluster: Cluster, nice: int | None, cpus: set[int] | None) -> Iterator[None]:
-    """Within: every process of the cluster's worker at ``nice`` and on ``cpus`` (None: as
+def adjusted(cluster: Cluster, nice: int | None, cpu_set: set[int] | None) -> Iterator[None]:
+    """Within: every process of the cluster's worker at ``nice`` and on ``cpu_set`` (None: as
     they are)."""
-    if (nice is None and cpus is None) or cluster.worker is None:
+    if (nice is None and cpu_set is None) or cluster.worker is None:
         yield
         return
     import psutil
@@ -110,8 +110,8 @@ def adjusted(cluster: Cluster, nice: int | None, cpus: set[int] | None) -> Itera
     for p in procs:
         if nice is not None:
             p.nice(nice)
-        if cpus is not None:
-            p.cpu_affinity(sorted(cpus))
+        if cpu_set is not None:
+            p.cpu_affinity(sorted(cpu_set))
     if nice is not None and group_nice is not None:
         autogroup.write_text(f"{nice}\n")
     try:
@@ -155,9 +155,11 @@ def run_job(
     mode: str,
     caches_of: str | None = None,
     cprofile: Path | None = None,
+    strace: Path | None = None,
 ) -> dict[str, Any]:
     """One job in a fresh process tree, on empty local cache dirs, or on those that run
-    ``caches_of`` left (its results are read back from there too)."""
+    ``caches_of`` left (its results are read back from there too). ``strace``: a directory
+    for the job's memory system calls, counted over every process (``NAME.strace``)."""
     caches = workdir / (caches_of or name)
     if caches_of is None:
         shutil.rmtree(caches, ignore_errors=True)
@@ -187,6 +189,9 @@ def run_job(
     elif mode == "stock-keep":
         path = [str(ROOT / "bench" / "stock_keep"), env.get("PYTHONPATH", "")]
         env["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
+    if strace is not None:
+        out = str(strace / f"{name}.strace")
+        argv = ["strace", "-f", "-c", "-e", "trace=memory", "-o", out, *argv]
     before = cluster.stats()
     worker = cluster.worker.pid if cluster.worker is not None else None
     worker_cpu, host_busy = tree_cpu_s(worker), host_busy_s()
@@ -249,6 +254,12 @@ def main(argv: list[str] | None = None) -> int:
         help="run each job under cProfile, writing RUN.pstats (with ranks: RUN-rankK.pstats) "
         "to --out (timings then include the profiler's own cost)",
     )
+    parser.add_argument(
+        "--strace",
+        action="store_true",
+        help="count each job's memory system calls (mmap, munmap, brk...) over all its "
+        "processes with strace, writing RUN.strace to --out (timings then include strace's cost)",
+    )
     parser.add_argument("script_args", nargs="*", help="after --: llama_script.py arguments")
     args = parser.parse_args(argv)
     chosen = args.runs.split(",")
@@ -294,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
                             mode,
                             reuse,
                             out if args.cprofile else None,
+                            out if args.strace else None,
                         )
                     )
                 # Saved as it goes: a run cut short by a time limit keeps what it measured.

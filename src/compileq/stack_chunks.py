@@ -7,9 +7,9 @@ walking a graph make them, maps and unmaps a chunk on every call: a page fault, 
 and a TLB flush each time. In a DDP rank's compile on the CPU (``strace -f``, two ranks,
 tests/bench scale) 640,000 16 KiB chunks were mapped and unmapped; AOTAutograd's joint-graph
 passes took 1.87 s, 0.58 s with the chunks kept, and its partitioner 1.1 s, 0.46 s
-(docs/BENCHMARKS.md). Where the boundary falls depends only on how deep the compile runs, which
-is why the same passes cost stock less than they cost compileq, whose hooks run them a few
-frames deeper, and why a profiler, which changes nothing about the depth, showed nothing.
+(docs/BENCHMARKS.md). Where the boundary falls depends only on how deep the compile runs: the
+same passes cost compileq's ranks, whose hooks reach AOTAutograd at another depth, more than
+stock's, and under cProfile, which slows every call, the difference drowned.
 
 :func:`keep` puts a small allocator in front of the arena allocator (``PyObject_SetArenaAllocator``,
 public C API since 3.4): up to :data:`KEPT` freed blocks of at most 64 KiB (stack chunks; the
