@@ -3,7 +3,8 @@ the Llama-style model of ``examples/llama_script.py`` (classes defined in the sc
 ``__main__``), each rank with local cache dirs of its own as if on a node of its own; stock and
 compileq in one invocation.
 
-    python -m bench.ddp [--nproc N] [--reps R] [--runs A,B] [--out DIR] [--cprofile | --strace] [-- SCRIPT ARGS]
+    python -m bench.ddp [--nproc N] [--reps R] [--runs A,B] [--out DIR]
+                        [--cprofile | --strace] [-- SCRIPT ARGS]
 
 ``--nproc 0`` runs the script as plain ``python`` (one process, no torchrun, no DDP).
 

@@ -4,12 +4,12 @@ Since 3.11 CPython keeps its frames on a stack of 16 KiB chunks that it takes fr
 back to the *arena allocator* (``mmap`` and ``munmap``) as the stack grows past a chunk and
 shrinks below it. A call made over and over right at a chunk's boundary, as compiler passes
 walking a graph make them, maps and unmaps a chunk on every call: a page fault, two system calls
-and a TLB flush each time. In a DDP rank's compile on the CPU (``strace -f``, two ranks,
-tests/bench scale) 640,000 16 KiB chunks were mapped and unmapped; AOTAutograd's joint-graph
-passes took 1.87 s, 0.58 s with the chunks kept, and its partitioner 1.1 s, 0.46 s
-(docs/BENCHMARKS.md). Where the boundary falls depends only on how deep the compile runs: the
-same passes cost compileq's ranks, whose hooks reach AOTAutograd at another depth, more than
-stock's, and under cProfile, which slows every call, the difference drowned.
+and a TLB flush each time. In a two-rank DDP compile on the CPU (``python -m bench.ddp
+--strace``) the ranks made 640,715 ``mmap`` calls, nearly all for a 16 KiB chunk unmapped again;
+rank 0's joint-graph passes took 2.02 s, 0.48 s with the chunks kept, and its partitioner 1.20
+s, 0.33 s (docs/BENCHMARKS.md). Where the boundary falls depends only on how deep the compile
+runs: the same passes cost compileq's ranks, whose hooks reach AOTAutograd at another depth,
+more than stock's, and under cProfile, which slows every call, the difference drowned.
 
 :func:`keep` puts a small allocator in front of the arena allocator (``PyObject_SetArenaAllocator``,
 public C API since 3.4): up to :data:`KEPT` freed blocks of at most 64 KiB (stack chunks; the
@@ -17,9 +17,12 @@ object allocator's arenas are 1 MiB and still go back) are kept and handed out a
 request goes to the allocator it replaced. At most 1 MiB stays mapped. The allocator is a few
 lines of C, compiled once per machine and Python with the C compiler torch.compile needs anyway
 (Triton builds its launchers with it), under a temporary name renamed into place; without a
-compiler, or if anything fails, nothing changes. Rejected alternatives: ``PYTHONMALLOC`` and
-glibc's ``MALLOC_*`` tunables (the arena allocator bypasses both: measured, no change) and
-ctypes callbacks (Python code cannot run while the interpreter pushes a frame).
+compiler, or if anything fails, nothing changes. Once in place it stays for the process's life
+(``uninstall()`` leaves it: it changes no result, only how often chunks are mapped).
+
+Rejected alternatives: ``PYTHONMALLOC`` and glibc's ``MALLOC_*`` tunables (the arena allocator
+bypasses both: measured, no change) and ctypes callbacks (Python code cannot run while the
+interpreter pushes a frame).
 """
 
 from __future__ import annotations
