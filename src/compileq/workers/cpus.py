@@ -8,9 +8,11 @@ thread runs a build runs slower, however nice the build. So the worker can also 
 physical cores, each with its sibling threads, free for the ranks
 (``COMPILEQ_WORKER_LEAVE_CORES``), and run only on a CPU list (``COMPILEQ_WORKER_CPUS``).
 
-The affinity is set on the supervisor before it starts its children, so every pool process and
-compiler they start inherits it. The ranks themselves are not pinned: the kernel's scheduler
-puts a busy rank on an idle core, and the cores left are idle.
+Each worker process pins itself when it starts, before it forks its pool, so every pool process
+and compiler it starts inherits the affinity. The ranks themselves are not pinned: the kernel's
+scheduler puts a busy rank on an idle core, and the cores left are idle. Measured on two H200s
+(32 cores, no SMT), where the worker kept less than one CPU busy on average: no difference
+(docs/BENCHMARKS.md); the default is for hosts where builds and ranks do meet on a core.
 """
 
 from __future__ import annotations
