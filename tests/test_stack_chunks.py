@@ -118,3 +118,44 @@ def test_install_keeps_the_chunks_unless_told_not_to(tmp_path: Path) -> None:
             check=True,
         )
         assert done.stdout.strip().splitlines()[-1] == expected, done.stderr[-2000:]
+
+
+def test_a_library_dir_someone_else_could_have_planted_is_never_loaded_from(
+    tmp_path: Path,
+) -> None:
+    # /tmp/compileq-<uid> made first by someone else, or open to others: a library there could
+    # be theirs. keep() refuses it, loads nothing, and the program runs on as stock.
+    planted = tmp_path / f"compileq-{os.getuid()}"
+    planted.mkdir()
+    planted.chmod(0o777)
+    result = sweep("keep", tmp_path)
+    assert result["kept"] is False and result["reused"] == 0
+    assert list(planted.iterdir()) == [] and planted.stat().st_mode & 0o777 == 0o777
+
+
+def test_a_private_dir_is_made_for_this_user_alone_and_anything_else_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from compileq._private_dir import private_dir
+    from compileq.errors import UnsafeDirError
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    made = private_dir("mine")
+    assert made == tmp_path / "mine" and made.stat().st_mode & 0o777 == 0o700
+    assert private_dir("mine") == made  # found again, as made
+    (tmp_path / "open").mkdir(mode=0o777)
+    (tmp_path / "open").chmod(0o777)
+    (tmp_path / "link").symlink_to(made)
+    (tmp_path / "file").write_text("")
+    for name, why in (
+        ("open", "writable by others"),
+        ("link", "not a directory"),
+        ("file", "not a directory"),
+    ):
+        with pytest.raises(UnsafeDirError, match=why):
+            private_dir(name)
+    if os.getuid() == 0:  # only root can give a directory away to another user
+        (tmp_path / "theirs").mkdir(mode=0o700)
+        os.chown(tmp_path / "theirs", 12345, -1)
+        with pytest.raises(UnsafeDirError, match="belongs to uid 12345"):
+            private_dir("theirs")

@@ -57,3 +57,7 @@ class WorkerError(CompileqError):
 
 class DemoError(CompileqError):
     """A phase of ``compileq demo`` failed (its training step exited with an error)."""
+
+
+class UnsafeDirError(CompileqError):
+    """A per-user directory under the temporary dir exists but is not this user's alone."""

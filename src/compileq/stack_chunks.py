@@ -40,6 +40,7 @@ import threading
 from pathlib import Path
 
 from compileq._log import log
+from compileq._private_dir import private_dir
 
 #: Blocks kept at most (16 KiB chunks: 256 KiB; the C code never keeps more than 1 MiB).
 KEPT = 16
@@ -148,11 +149,10 @@ def _built() -> Path:
     digest = hashlib.sha256(
         "\0".join([_SOURCE, sys.version, sys.platform, os.uname().machine, *compiler]).encode()
     ).hexdigest()[:16]
-    where = Path(tempfile.gettempdir(), f"compileq-{os.getuid()}")
+    where = private_dir(f"compileq-{os.getuid()}")  # a library loaded from here runs in-process
     path = where / f"stack-chunks-{digest}.so"
     if path.exists():
         return path
-    where.mkdir(mode=0o700, parents=True, exist_ok=True)
     # Built under a name of its own and renamed into place: ranks starting together each build
     # one, and none loads another's half-written file.
     with tempfile.TemporaryDirectory(prefix=".stack-chunks-", dir=where) as tmp:

@@ -18,6 +18,7 @@ import tempfile
 import time
 
 from compileq._log import log
+from compileq._private_dir import private_dir
 from compileq.cache import meta
 from compileq.cache.counters import Counter
 from compileq.errors import ToolchainMismatch
@@ -104,7 +105,8 @@ def _precompiled(header: Header, values: dict[str, str]) -> str:
     digest = hashlib.sha256(
         json.dumps([header.name, header.text, header.step]).encode()
     ).hexdigest()[:32]
-    root = os.path.join(tempfile.gettempdir(), f"compileq-pch-{os.getuid()}")
+    # Refused if someone else could have planted a header there (compileq/_private_dir.py).
+    root = str(private_dir(f"compileq-pch-{os.getuid()}"))
     where = os.path.join(root, digest)
     gch = os.path.join(where, header.name + ".gch")
     if os.path.exists(gch):
