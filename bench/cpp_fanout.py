@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import ROOT, CacheDirs, Cluster, new_workdir, process_tree
+from compileq.workers import cpus
 
 RUNS = (
     "stock",
@@ -46,17 +47,6 @@ RUNS = (
 )
 SCRIPT_ARGS = ("--device", "cpu", "--layers", "4", "--width", "128", "--steps", "1")
 _COUNTERS = ("cpp_local_compiles", "cpp_remote_compiles", "cpp_hits", "cpp_misses")
-
-
-def cpus(spec: str | None) -> set[int] | None:
-    """``0-3,8`` -> {0, 1, 2, 3, 8}; None for no pinning."""
-    if not spec:
-        return None
-    chosen: set[int] = set()
-    for part in spec.split(","):
-        low, _, high = part.partition("-")
-        chosen.update(range(int(low), int(high or low) + 1))
-    return chosen
 
 
 def pin_tree(pid: int, chosen: set[int]) -> None:
@@ -126,7 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     workdir = new_workdir()
     cluster = Cluster(workdir, gpu=False).start()
-    client_cpus, worker_cpus = cpus(args.client_cpus), cpus(args.worker_cpus)
+    # The same CPU lists as `compileq worker --cpus` (None: no pinning).
+    client_cpus, worker_cpus = (
+        cpus.parse(spec) if spec else None for spec in (args.client_cpus, args.worker_cpus)
+    )
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in RUNS}
     try:
         os.environ["TMPDIR"] = str(workdir / "worker-tmp")  # the worker's precompiled header

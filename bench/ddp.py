@@ -65,7 +65,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.harness import ROOT, Cluster, new_workdir, process_tree
+from bench.harness import ROOT, Cluster, new_workdir, process_tree, tree_cpu_s
 from compileq.workers import cpus
 
 SCRIPT = ROOT / "examples" / "llama_script.py"
@@ -133,18 +133,6 @@ def host_busy_s() -> float:
 
     times = psutil.cpu_times()
     return sum(times) - times.idle - getattr(times, "iowait", 0.0)
-
-
-def tree_cpu_s(pid: int | None) -> float:
-    """CPU seconds (user + system) used so far by a process tree's living members."""
-    import psutil
-
-    total = 0.0
-    for p in process_tree(pid) if pid is not None else []:
-        with contextlib.suppress(psutil.Error):
-            times = p.cpu_times()
-            total += times.user + times.system + times.children_user + times.children_system
-    return total
 
 
 def run_job(

@@ -192,6 +192,21 @@ def process_tree(pid: int) -> list[Any]:
         return []
 
 
+def tree_cpu_s(pid: int | None) -> float:
+    """CPU seconds (user + system, reaped children's included) used so far by a process tree's
+    living members; 0 without one."""
+    import psutil
+
+    total = 0.0
+    for p in process_tree(pid) if pid is not None else []:
+        try:
+            times = p.cpu_times()
+        except psutil.Error:  # exited meanwhile
+            continue
+        total += times.user + times.system + times.children_user + times.children_system
+    return total
+
+
 class CacheDirs:
     """Named local cache directories: a new name is a new machine, a reused name a warm one."""
 

@@ -25,8 +25,8 @@ from bench.harness import (
     Run,
     finish,
     launch,
-    process_tree,
     run_once,
+    tree_cpu_s,
 )
 
 Row = dict[str, Any]
@@ -155,19 +155,6 @@ def loss_equal_stock(losses: dict[str, list[Any]]) -> dict[str, bool]:
     }
 
 
-def _tree_cpu(pid: int) -> float:
-    import psutil
-
-    total = 0.0
-    for p in process_tree(pid):
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system + t.children_user + t.children_system
-        except psutil.Error:
-            continue
-    return total
-
-
 def herd(cluster: Cluster, dirs: CacheDirs, workload: str, ranks: int, log: Path) -> dict[str, Any]:
     """Scenario 4: ``ranks`` processes of one node start cold at once, sharing the GPU and the
     node's local cache dir. Measured: launch to the last rank's first step, the skew between
@@ -182,13 +169,13 @@ def herd(cluster: Cluster, dirs: CacheDirs, workload: str, ranks: int, log: Path
         cluster.flush()
         cluster.wipe_worker_caches()
         before = cluster.stats()
-        worker_cpu = _tree_cpu(cluster.worker.pid) if cluster.worker else 0.0
+        worker_cpu = tree_cpu_s(cluster.worker.pid if cluster.worker else None)
         node = dirs.fresh()
         started = time.time()
         procs = [launch(cluster, dirs, mode, node, workload) for _ in range(ranks)]
         runs = [finish(p, t, mode, log) for p, t in procs]
         finished = [float(r.result["finished_at"]) for r in runs]
-        worker_cpu = (_tree_cpu(cluster.worker.pid) if cluster.worker else 0.0) - worker_cpu
+        worker_cpu = (tree_cpu_s(cluster.worker.pid if cluster.worker else None)) - worker_cpu
         rank_cpu = sum(float(r.result["compile_cpu_s"] or 0.0) for r in runs)
         counts = _delta(cluster.stats(), before)
         if mode == STOCK:

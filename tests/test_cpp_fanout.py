@@ -55,14 +55,10 @@ def precompiled_headers(machine: Path) -> list[Path]:
 
 
 def kernel_objects(machine: Path) -> list[Path]:
-    """The graphs' C++ objects on this "machine" (the probes' left out, and compileq's own
-    stack-chunk keeper, which its temporary dir holds: compileq/stack_chunks.py)."""
+    """The graphs' C++ objects on this "machine": those in its Inductor cache dir, the
+    probes' left out (its temporary dir holds other libraries, compileq's stack-chunk keeper)."""
     probes = {p.with_suffix(".so") for p in probe_sources(machine)}
-    return [
-        p
-        for p in machine.rglob("*.so")
-        if p not in probes and not p.name.startswith("stack-chunks-")
-    ]
+    return [p for p in (machine / "inductor").rglob("*.so") if p not in probes]
 
 
 def test_a_cold_graphs_cpp_objects_are_built_by_a_worker_and_none_by_the_client(
