@@ -67,6 +67,7 @@ from typing import Any
 
 from bench.harness import ROOT, Cluster, new_workdir, process_tree, tree_cpu_s
 from compileq.workers import cpus
+from compileq.workers.priority import autogroup_nice
 
 SCRIPT = ROOT / "examples" / "llama_script.py"
 GPU_ARGS = ("--device", "cuda", "--width", "512", "--layers", "8", "--bucket-mb", "4")
@@ -107,7 +108,7 @@ def adjusted(cluster: Cluster, nice: int | None, cpu_set: set[int] | None) -> It
     before = {p.pid: (p.nice(), p.cpu_affinity()) for p in procs}
     # The session's autogroup too (workers/priority.py): the worker leads a session of its own.
     autogroup = Path(f"/proc/{cluster.worker.pid}/autogroup")
-    group_nice = autogroup.read_text().split()[-1] if autogroup.exists() else None
+    group_nice = autogroup_nice(cluster.worker.pid)
     for p in procs:
         if nice is not None:
             p.nice(nice)

@@ -21,6 +21,7 @@ from compileq.errors import WorkerError
 from compileq.fingerprint import Target
 from compileq.tasks import liveness
 from compileq.tasks.app import celery_config
+from compileq.workers import priority
 from compileq.workers.fx_slots import FxSlots
 from compileq.workers.gpus import Gpu, from_smi_rows, parse_smi, select_gpus, visible_entries
 from compileq.workers.supervisor import ChildSpec, plan
@@ -179,10 +180,21 @@ def test_a_worker_builds_at_a_lower_priority_than_the_training_processes_beside_
     # Started in a session of its own (as by systemd or a container), its session's autogroup
     # is lowered too: otherwise the kernel shares the CPUs between sessions first, and nice
     # only weighs the worker's processes against each other (workers/priority.py).
-    autogroup = Path(f"/proc/{worker.process.pid}/autogroup")
-    if autogroup.exists():  # a kernel with autogroup scheduling
-        assert autogroup.read_text().split()[-1] == "10"
-        assert Path("/proc/self/autogroup").read_text().split()[-1] == "0"
+    if Path(f"/proc/{worker.process.pid}/autogroup").exists():  # a kernel with autogroups
+        assert priority.autogroup_nice(worker.process.pid) == 10
+        # This test process: in an autogroup at 0, or (CI: a session never started anew) in
+        # the root group's default one, which the kernel shows as an empty file.
+        assert priority.autogroup_nice() in (0, None)
+
+
+def test_an_autogroup_is_read_as_the_kernel_prints_it_even_the_empty_default_one() -> None:
+    # A process whose session was never started anew (CI's test runner) is in the root group's
+    # default autogroup, printed as nothing: it has no niceness of its own to read or set.
+    assert priority.parse_autogroup("/autogroup-7 nice 10\n") == 10
+    assert priority.parse_autogroup("/autogroup-12 nice -3\n") == -3
+    assert priority.parse_autogroup("") is None
+    assert priority.autogroup_nice(os.getpid()) in (0, None)
+    assert priority.autogroup_nice(2**22 + 1) is None  # no such process
 
 
 def test_only_a_worker_that_leads_its_session_lowers_the_session(tmp_path: Path) -> None:

@@ -37,6 +37,24 @@ from compileq._log import log
 _AUTOGROUP = Path("/proc/self/autogroup")
 
 
+def autogroup_nice(pid: int | str = "self") -> int | None:
+    """The niceness of process ``pid``'s autogroup; None where it has none to set: a kernel
+    without autogroups, or a process still in the root group's default autogroup (a process
+    whose session was never started anew: the kernel then prints nothing, and that group's
+    weight cannot be changed)."""
+    try:
+        return parse_autogroup(Path(f"/proc/{pid}/autogroup").read_text())
+    except OSError:
+        return None
+
+
+def parse_autogroup(text: str) -> int | None:
+    """The niceness in a ``/proc/PID/autogroup`` file ("/autogroup-7 nice 10"); None for the
+    empty file of the default autogroup."""
+    fields = text.split()
+    return int(fields[2]) if len(fields) == 3 and fields[1] == "nice" else None
+
+
 def lower_process(nice: int) -> None:
     """This process (and every process it starts after) at niceness ``nice``."""
     if nice:
