@@ -17,14 +17,17 @@ from tests.conftest import Env, Worker, stats, wipe_cache
 from tests.scripts import LLAMA, run_script
 
 CLIENTS = Path(__file__).parent / "clients"
-#: Three DDP buckets; a width no other test uses, so the worker generates every graph afresh.
-DDP = ("--width", "104", "--layers", "4", "--bucket-mb", "1")
+#: Two DDP buckets (two subgraphs per rank, three layers: as many as four make, and a shorter
+#: suite); a width no other test uses, so the worker generates every graph afresh.
+DDP = ("--width", "104", "--layers", "3", "--bucket-mb", "1")
 
 
 def test_a_forward_that_fails_its_check_makes_the_frame_compile_again_as_stock_and_train_right(
     env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
 ) -> None:
     reference = run_script(env, tmp_path, "stock", LLAMA, *DDP, nproc=2, compileq=False)
+    subgraphs = sum(rank["graphs"] // 2 for rank in reference.ranks)  # a forward, a backward each
+    assert subgraphs == 2 * 2, reference.ranks
     for fault, said in (
         ("strides", "other output strides than the traced ones"),
         ("fetch", "could not be loaded (RuntimeError: the worker's output is lost)"),
@@ -45,7 +48,7 @@ def test_a_forward_that_fails_its_check_makes_the_frame_compile_again_as_stock_a
         # Each rank's first deferred forward failed its check: the rank compiled the frame
         # again, waiting for each forward as stock does, and deferred nothing after.
         assert grew["ddp_forward_mispredictions"] == 2, (fault, grew)
-        assert grew["ddp_forwards_deferred"] <= 2 * 3, (fault, grew)
+        assert grew["ddp_forwards_deferred"] <= subgraphs, (fault, grew)
         assert grew["fx_local_compiles"] == 0 and grew["fallbacks"] == 0, (fault, grew)
         assert run.stderr.count("compiling this frame again") == 2, run.stderr[-3000:]
         assert said in run.stderr, run.stderr[-3000:]
