@@ -169,13 +169,14 @@ def herd(cluster: Cluster, dirs: CacheDirs, workload: str, ranks: int, log: Path
         cluster.flush()
         cluster.wipe_worker_caches()
         before = cluster.stats()
-        worker_cpu = tree_cpu_s(cluster.worker.pid if cluster.worker else None)
+        worker = cluster.worker.pid if cluster.worker else None
+        worker_cpu = tree_cpu_s(worker)
         node = dirs.fresh()
         started = time.time()
         procs = [launch(cluster, dirs, mode, node, workload) for _ in range(ranks)]
         runs = [finish(p, t, mode, log) for p, t in procs]
         finished = [float(r.result["finished_at"]) for r in runs]
-        worker_cpu = (tree_cpu_s(cluster.worker.pid if cluster.worker else None)) - worker_cpu
+        worker_cpu = tree_cpu_s(worker) - worker_cpu
         rank_cpu = sum(float(r.result["compile_cpu_s"] or 0.0) for r in runs)
         counts = _delta(cluster.stats(), before)
         if mode == STOCK:

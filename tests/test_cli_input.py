@@ -57,6 +57,8 @@ def error_line(proc: subprocess.CompletedProcess[str]) -> str:
     [
         ("COMPILEQ_DEADLINE_S", "abc", "expected a number greater than 0"),
         ("COMPILEQ_MAX_ENTRY_BYTES", "-1", "expected a whole number greater than 0"),
+        ("COMPILEQ_WORKER_NICE", "25", "expected a whole number at least 0 and at most 19"),
+        ("COMPILEQ_WORKER_LEAVE_CORES", "-1", "expected a whole number at least 0"),
         ("COMPILEQ_ENABLED", "maybe", "expected a boolean"),
         ("COMPILEQ_REDIS_URL", "redis://host:notaport/0", "port is a number from 0 to 65535"),
         (
@@ -106,6 +108,19 @@ def test_a_port_out_of_range_given_as_an_argument_is_named_as_that_argument(
     line = error_line(cli(tmp_path, "stats", "--redis-url", "redis://127.0.0.1:99999/0"))
     assert "--redis-url=" in line and "port is a number from 0 to 65535" in line, line
     assert "COMPILEQ_REDIS_URL" not in line  # the environment did not set it
+
+
+def test_a_workers_bad_cpu_flags_are_one_line_each_naming_the_flag_or_the_cpus(
+    tmp_path: Path,
+) -> None:
+    worker = ("worker", "--cpu-only", "--arch", "sm_90")
+    line = error_line(cli(tmp_path, *worker, "--leave-cores", "-1"))
+    assert "--leave-cores=-1 is not valid: expected a whole number at least 0" in line, line
+    assert "COMPILEQ_WORKER_LEAVE_CORES" not in line  # the environment did not set it
+    line = error_line(cli(tmp_path, *worker, "--cpus", "x-1"))
+    assert "bad CPU list 'x-1'" in line, line
+    line = error_line(cli(tmp_path, *worker, "--cpus", "4096"))
+    assert "CPUs 4096 are not among this process's" in line, line
 
 
 def test_a_url_of_another_scheme_is_refused_without_its_password_or_pydantic_noise(

@@ -22,13 +22,25 @@ if TYPE_CHECKING:
     from compileq.fingerprint import Target
 
 
+#: Flags that override a setting: argparse's name for the flag, the setting, the flag as typed
+#: (a bad value is reported under it, like any bad setting: config.load_settings).
+_FLAG_SETTINGS = (
+    ("redis_url", "redis_url", "--redis-url"),
+    ("cpus", "worker_cpus", "--cpus"),
+    ("leave_cores", "worker_leave_cores", "--leave-cores"),
+)
+
+
 def _settings(args: argparse.Namespace) -> Settings:
     from compileq.config import load_settings
 
-    overrides = {}
-    if getattr(args, "redis_url", None):
-        overrides["redis_url"] = args.redis_url
-    settings = load_settings(given_as={"redis_url": "--redis-url"}, **overrides)
+    overrides: dict[str, object] = {}
+    given_as: dict[str, str] = {}
+    for dest, name, flag in _FLAG_SETTINGS:
+        value = getattr(args, dest, None)
+        if value is not None and value != "":  # not given: the environment's, else the default
+            overrides[name], given_as[name] = value, flag
+    settings = load_settings(given_as=given_as, **overrides)
     # Kept for main(): a Redis error names the URL it was talking to, without the password.
     args.redis_shown = settings.redis_display
     return settings
@@ -45,8 +57,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         args.cpu_only,
         archs,
         args.concurrency,
-        settings.worker_cpus if args.cpus is None else args.cpus,
-        settings.worker_leave_cores if args.leave_cores is None else args.leave_cores,
+        settings.worker_cpus,
+        settings.worker_leave_cores,
     )
     specs = supervisor.with_metrics(specs, args.metrics_port)
     return supervisor.run(settings, specs, loglevel=args.loglevel)

@@ -360,6 +360,8 @@ _EXPECTED = {
     str: "a string",
 }
 _URL_FIELDS = ("redis_url", "broker_url")
+#: A ``Field``'s bounds, in words (pydantic keeps each as its own metadata entry).
+_BOUNDS = (("gt", "greater than"), ("ge", "at least"), ("lt", "less than"), ("le", "at most"))
 
 
 def _expected(name: str, error: Mapping[str, Any]) -> str:
@@ -376,8 +378,13 @@ def _expected(name: str, error: Mapping[str, Any]) -> str:
     text = _EXPECTED.get(kind) if isinstance(kind, type) else None
     if text is None:
         return str(error.get("msg"))
-    bounds = [f"greater than {m.gt}" for m in field.metadata if getattr(m, "gt", None) is not None]
-    return " ".join(["expected", text, *bounds])
+    bounds = [
+        f"{words} {getattr(m, bound)}"
+        for m in field.metadata
+        for bound, words in _BOUNDS
+        if getattr(m, bound, None) is not None
+    ]
+    return " ".join(["expected", text, " and ".join(bounds)]).rstrip()
 
 
 def _shown(name: str, value: Any) -> str:
