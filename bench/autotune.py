@@ -14,7 +14,7 @@ fresh process on empty local cache dirs, in one invocation:
   again on a new machine: every graph generated, every kernel built and every GEMM autotuned
   again, every timing found in the store.
 - ``compileq``: ``compileq run`` on a cold cluster, graphs generated on the workers, where
-  the candidates are timed in the generating worker and stored (scheduler/tuning.py).
+  the candidates are timed in the generating worker and stored (inductor/autotune.py).
 
 ``--workers N`` GPU workers are started (``compileq worker --gpus K``, K = i mod the GPU
 count: on a one-GPU machine they share GPU 0 and take turns on it). Each run reports the

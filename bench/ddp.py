@@ -35,9 +35,9 @@ Each repetition runs, in fresh process trees:
 * ``compileq_new``: ``compileq run`` again on empty local dirs (every entry looked up in
   compileq's store as Inductor asks for it);
 * ``compileq_new_no_gc_window``: the same with ``COMPILEQ_GC_WINDOW=0`` (Python's full
-  collections walk every object during the compiles, as in stock: scheduler/gc_window.py);
+  collections walk every object during the compiles, as in stock: inductor/gc_window.py);
 * ``compileq_profile_fill`` then ``compileq_new_profile``: the same with job profiles on
-  (``COMPILEQ_PROFILES=1``, opt-in: scheduler/profiles.py); the first saves each rank's
+  (``COMPILEQ_PROFILES=1``, opt-in: inductor/profiles.py); the first saves each rank's
   profile at exit, the second loads it while Python imports.
 
 Every compileq run but the last two runs compileq's defaults. Profiles used to be on in all of

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU: Triton's driver start (it builds or loads its cuda_utils C module) in fresh processes,
 # stock on an empty and a warm TRITON_CACHE_DIR, compileq on empty ones with the store cold
-# and warm (scheduler/triton_modules.py); then the one-process new-machine comparison.
+# and warm (inductor/triton_modules.py); then the one-process new-machine comparison.
 #   source .carry/device-setup.sh && bash bench/device_triton_modules.sh [REPS]
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"

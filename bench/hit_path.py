@@ -55,7 +55,7 @@ def main() -> None:
     from compileq.config import Settings
     from compileq.connect import redis_client
     from compileq.fingerprint import local_toolchain
-    from compileq.scheduler.inductor import inductor_extra_config
+    from compileq.scheduler.recognise import inductor_extra_config
     from compileq.tasks.jobs import TritonJob
     from compileq.workers.build import build_triton, enable_cross_compile
 

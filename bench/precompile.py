@@ -5,7 +5,7 @@
 torch's experimental ``torch._dynamo.config.caching_precompile`` adds Dynamo's compiled frames
 (bytecode, guards, with the AOTAutograd and Inductor output bundled) to the Mega-Cache that
 ``torch.compiler.save_cache_artifacts`` returns, which compileq's job profiles carry
-(scheduler/profiles.py). A new machine that loads it would skip Dynamo and AOTAutograd tracing
+(inductor/profiles.py). A new machine that loads it would skip Dynamo and AOTAutograd tracing
 too. This probe runs stock torch only (no compileq: whether the feature is safe does not
 depend on how its blob travels), each run a fresh process on its own cache dirs, the model a
 small GPT (``compileq.demo_step.TinyGPT``) trained one step:

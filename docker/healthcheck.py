@@ -10,7 +10,7 @@ import sys
 
 from compileq.connect import redis_client
 from compileq.config import get_settings
-from compileq.tasks.liveness import workers_info
+from compileq.cache.liveness import workers_info
 
 
 def main() -> int:

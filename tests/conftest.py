@@ -100,7 +100,7 @@ def installed(settings: Settings) -> Iterator[Any]:
     from torch._inductor.async_compile import AsyncCompile
 
     import compileq
-    from compileq.scheduler import installed_pool
+    from compileq.features import installed_pool
 
     original = AsyncCompile.__dict__["process_pool"]
     assert compileq.install(settings)

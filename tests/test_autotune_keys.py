@@ -17,8 +17,8 @@ from torch._inductor.runtime.cache_dir_utils import cache_dir
 from torch._inductor.runtime.compile_tasks import _worker_compile_triton
 from torch._inductor.runtime.triton_heuristics import check_autotune_cache
 
-from compileq.scheduler.inductor import inductor_extra_config
 from compileq.scheduler.pool import CompileqPool
+from compileq.scheduler.recognise import inductor_extra_config
 from tests.conftest import FIXTURES, Worker, manifest_rows
 
 ROW = next(r for r in manifest_rows(FIXTURES / "gpt_head.jsonl") if "_red_" in r["name"])

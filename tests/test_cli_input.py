@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from compileq._text import printable
+from compileq.cache import liveness
 from compileq.config import Settings, load_settings
 from compileq.errors import ConfigError
 from compileq.localstack import RedisServer, free_port
-from compileq.tasks import liveness
 from tests.conftest import FIXTURES, SECRET, compileq_cmd
 from tests.reliability import Recorder
 

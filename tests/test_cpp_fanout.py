@@ -227,9 +227,9 @@ def test_a_cpp_job_that_would_run_or_touch_anything_outside_the_workers_dirs_is_
 def test_a_signed_cpp_job_a_worker_refuses_is_announced_so_no_client_waits(
     env: Env, worker: Worker, clean_cache: redis.Redis, settings: Settings
 ) -> None:
+    from compileq.codegen.remote import Fallback, run_job
+    from compileq.inductor.cpp_fanout import CPP
     from compileq.scheduler.client import KernelClient
-    from compileq.scheduler.cpp_fanout import CPP
-    from compileq.scheduler.fx_remote import Fallback, run_job
     from compileq.scheduler.local import LocalBuilder
 
     key = keys.artifact("cpp", "0" * 64)
@@ -263,7 +263,7 @@ def stats_of(client: redis.Redis) -> dict[str, int]:
 def test_a_cpp_objects_key_covers_the_cpus_features(monkeypatch: pytest.MonkeyPatch) -> None:
     # Inductor builds with -march=native: an object from a CPU with more features may not run
     # on this one, so it must not be found under this CPU's key.
-    from compileq.scheduler import cpp_cache
+    from compileq.inductor import cpp_cache
 
     here = cpp_cache.cpp_key("/x/ck.main.so")
     monkeypatch.setattr(cpp_cache, "cpu_flags", lambda: "avx512_fp16 amx_tile")

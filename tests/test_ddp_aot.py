@@ -1,4 +1,4 @@
-"""DDPOptimizer's subgraphs through AOTAutograd's cache (scheduler/ddp_aot.py), which stock
+"""DDPOptimizer's subgraphs through AOTAutograd's cache (codegen/ddp_aot.py), which stock
 torch bypasses for them: a DDP job on new machines loads every subgraph instead of tracing it
 again. On CPU: real redis-server, a real --cpu-only worker, torchrun with two gloo ranks.
 """
@@ -13,8 +13,8 @@ import redis
 
 from compileq import keys
 from compileq.cache.store import RedisStore
+from compileq.codegen import ddp_aot
 from compileq.config import Settings
-from compileq.scheduler import ddp_aot
 from tests.conftest import Env, Worker, stats
 from tests.scripts import LLAMA, run_script
 

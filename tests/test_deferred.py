@@ -1,5 +1,5 @@
 """A DDP subgraph's forward compile goes on while its worker generates it
-(scheduler/deferred.py). On CPU: real redis-server, a real --cpu-only worker, torchrun with two
+(codegen/deferred.py). On CPU: real redis-server, a real --cpu-only worker, torchrun with two
 gloo ranks, real torch.compile (the job that defers and checks every forward is in
 test_user_scripts.py; here, what happens when a check fails, and the checks themselves).
 """
@@ -12,7 +12,7 @@ import redis
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from compileq.scheduler import deferred
+from compileq.codegen import deferred
 from tests.conftest import Env, Worker, stats, wipe_cache
 from tests.scripts import LLAMA, run_script
 

@@ -142,7 +142,7 @@ def test_a_probe_verifies_only_under_the_secret_and_id_it_was_signed_with() -> N
 def test_a_graph_entry_records_its_toolchain_and_build_time_for_stats_and_explain(
     clean_cache: redis.Redis, settings: Settings
 ) -> None:
-    from compileq.scheduler import graph_cache
+    from compileq.inductor import graph_cache
 
     graph_cache.enable(RedisStore(clean_cache, settings), deadline_s=5)
     try:

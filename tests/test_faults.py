@@ -73,7 +73,7 @@ def warm_async(env: Env, tmp: Path, manifest: Path = MLP) -> subprocess.Popen[st
 
 def all_kernels_sound(url: str, manifest: Path) -> bool:
     from compileq.fingerprint import local_toolchain
-    from compileq.scheduler.inductor import inductor_extra_config
+    from compileq.scheduler.recognise import inductor_extra_config
 
     settings = Settings(redis_url=url, secret=SECRET)
     store = RedisStore(redis.Redis.from_url(url), settings)

@@ -15,10 +15,10 @@ import redis
 
 import compileq
 from compileq import keys
+from compileq.cache import liveness
 from compileq.cache.store import RedisStore
 from compileq.config import Settings
 from compileq.localstack import RedisServer
-from compileq.tasks import liveness
 from compileq.tasks.app import COMPILE_FX, client_app
 from compileq.tasks.fx_jobs import FX, CodegenState, FxJob
 from tests.conftest import Env, Worker, compileq_cmd, stats, wipe_cache
@@ -164,17 +164,17 @@ def test_install_with_fx_puts_compileqs_scheme_into_inductor_and_uninstall_resto
 ) -> None:
     from torch._inductor import compile_fx, compile_fx_subproc
 
-    from compileq.scheduler import fx_remote
+    from compileq.codegen import remote
 
     before = (compile_fx.fx_compile_mode, compile_fx_subproc._SubprocessFxCompile)
     assert compileq.install(settings, fx=True)
     try:
-        assert fx_remote.active()
+        assert remote.active()
         assert compile_fx.fx_compile_mode == compile_fx.FxCompileMode.SUBPROCESS
         assert compile_fx_subproc._SubprocessFxCompile.__name__ == "RemoteFxCompile"
     finally:
         compileq.uninstall()
-    assert not fx_remote.active()
+    assert not remote.active()
     assert (compile_fx.fx_compile_mode, compile_fx_subproc._SubprocessFxCompile) == before
 
 
@@ -292,7 +292,7 @@ def test_waiting_for_a_graph_ignores_other_builds_announced_meanwhile(
     import threading
     from types import SimpleNamespace
 
-    from compileq.scheduler import fx_remote
+    from compileq.codegen import remote
     from compileq.tasks import events
 
     store = RedisStore(clean_cache, settings)
@@ -312,7 +312,7 @@ def test_waiting_for_a_graph_ignores_other_builds_announced_meanwhile(
     announcer.start()
     try:
         client = SimpleNamespace(store=store, settings=settings)
-        assert fx_remote._wait(client, pubsub, key, time.monotonic() + 30) == b"the graph's output"
+        assert remote._wait(client, pubsub, key, time.monotonic() + 30) == b"the graph's output"
     finally:
         announcer.join()
         pubsub.close()

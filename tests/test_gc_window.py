@@ -1,4 +1,4 @@
-"""The collector's window around each compile (scheduler/gc_window.py), on real compiles."""
+"""The collector's window around each compile (inductor/gc_window.py), on real compiles."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from torch._dynamo.callback import CallbackArgs, CallbackTrigger, callback_handl
 
 import compileq
 from compileq.config import Settings
-from compileq.scheduler import gc_window
+from compileq.inductor import gc_window
 
 
 class Cycle:

@@ -121,9 +121,9 @@ def test_a_ddp_job_on_two_gpus_generates_each_graph_once_and_matches_stock(
     assert counters["fx_remote_compiles"] == graphs, node_workers.log.read_text()[-4000:]
     assert counters["fx_local_compiles"] == 0 and counters["fallbacks"] == 0, job.stderr[-3000:]
     assert counters["kernel_local_compiles"] == 0
-    # Both ranks' graphs under one key each (scheduler/index_free.py): one FX entry per graph;
+    # Both ranks' graphs under one key each (inductor/index_free.py): one FX entry per graph;
     # keyed per index, as stock keys them, the same job stores two. Subgraph records are
-    # shared too, but not all: a backward sent ahead (scheduler/speculative.py) changes the
+    # shared too, but not all: a backward sent ahead (codegen/speculative.py) changes the
     # next subgraph's AOTAutograd key on the rank that sent it (bench.ddp on 2 x H200: 17
     # records for 17 subgraphs with COMPILEQ_SPECULATE=0, 19 with it), so fewer than per
     # index is what holds.

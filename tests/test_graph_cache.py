@@ -89,7 +89,7 @@ def test_install_routes_inductors_remote_caches_to_the_store_and_uninstall_resto
     try:
         assert RemoteFxGraphCache.backend_override_cls.__name__ == "FxGraphBackend"
         assert inductor_config.fx_graph_remote_cache is True
-        assert codecache._worker_compile_cpp.__module__ == "compileq.scheduler.cpp_cache"
+        assert codecache._worker_compile_cpp.__module__ == "compileq.inductor.cpp_cache"
     finally:
         compileq.uninstall()
     after = (

@@ -1,4 +1,4 @@
-"""Inductor's cache keys computed as for ``cuda:0`` (scheduler/index_free.py), and DDP subgraph
+"""Inductor's cache keys computed as for ``cuda:0`` (inductor/index_free.py), and DDP subgraph
 records under such keys, checked on fake CUDA tensors, which need no GPU (and a real
 redis-server). Loading and running such entries on another index is tested on two GPUs
 (tests/test_gpu_ranks.py)."""
@@ -24,8 +24,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from compileq.cache.store import RedisStore
+from compileq.codegen import ddp_aot
 from compileq.config import Settings
-from compileq.scheduler import ddp_aot, index_free
+from compileq.inductor import index_free
 
 
 @pytest.fixture

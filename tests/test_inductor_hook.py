@@ -17,8 +17,8 @@ from torch._inductor.runtime.compile_tasks import _worker_compile_triton
 import compileq
 from compileq.config import Settings
 from compileq.localstack import RedisServer, free_port
-from compileq.scheduler.inductor import inductor_extra_config, recognise
 from compileq.scheduler.pool import CompileqPool
+from compileq.scheduler.recognise import inductor_extra_config, recognise
 from tests.conftest import FIXTURES, INDUCTOR_CLIENT, Env, client_json, manifest_rows, run_cli
 
 ROW = manifest_rows(FIXTURES / "gpt_head.jsonl")[0]

@@ -20,9 +20,9 @@ import redis
 from pydantic import SecretStr
 
 from compileq import keys
+from compileq.cache import liveness
 from compileq.cache.store import RedisStore
 from compileq.config import Settings
-from compileq.tasks import liveness
 from tests.conftest import (
     FIXTURES,
     SECRET,

@@ -1,4 +1,4 @@
-"""Job profiles (scheduler/profiles.py), on CPU: a job saves what it compiled at exit, and the
+"""Job profiles (inductor/profiles.py), on CPU: a job saves what it compiled at exit, and the
 same job on a new machine loads it into its local caches while it imports. Real redis-server,
 a real --cpu-only worker, real torch.compile under ``compileq run``.
 """
@@ -10,7 +10,7 @@ from pathlib import Path
 import redis
 
 from compileq import keys
-from compileq.scheduler.profiles import PROFILE
+from compileq.inductor.profiles import PROFILE
 from tests.conftest import Env, Worker, stats
 from tests.scripts import LLAMA, run_script
 

@@ -283,7 +283,7 @@ def entries(client: redis.Redis) -> list[bytes]:
 def kernels_sound(ha: HA, db: redis.Redis) -> bool:
     """Every kernel of the manifest is in the store and verifies (read through the Sentinels)."""
     from compileq.fingerprint import local_toolchain
-    from compileq.scheduler.inductor import inductor_extra_config
+    from compileq.scheduler.recognise import inductor_extra_config
 
     jobs = [TritonJob(r["name"], r["source"], inductor_extra_config()) for r in manifest_rows(GPT)]
     wanted = [j.key(local_toolchain(j.target), j.target) for j in jobs if j.target]

@@ -26,7 +26,7 @@ from compileq import keys
 from compileq.cache.store import RedisStore
 from compileq.config import Settings
 from compileq.fingerprint import Target, local_toolchain
-from compileq.scheduler import tuning
+from compileq.inductor import autotune
 from compileq.scheduler.pool import CompileqPool
 from compileq.tasks.tune_jobs import TuneJob, timing_of, timing_payload
 from compileq.workers import execute
@@ -81,7 +81,7 @@ def candidate(
 
 
 def key_of(choice: Any, gpu: str = H100) -> str:
-    job = tuning.job_of(choice, gpu)
+    job = autotune.job_of(choice, gpu)
     assert job is not None
     return job.key(local_toolchain(TARGET))
 
@@ -108,7 +108,7 @@ def test_sizes_configs_and_the_gpu_model_each_make_another_key(tmp_path: Path) -
 def test_the_job_a_worker_opens_is_written_for_cuda0_with_no_path_of_the_client(
     tmp_path: Path,
 ) -> None:
-    job = tuning.job_of(candidate(tmp_path, index=1), H100)
+    job = autotune.job_of(candidate(tmp_path, index=1), H100)
     assert job is not None
     back = TuneJob.from_bytes(job.to_bytes())
     toolchain = local_toolchain(TARGET)
@@ -124,9 +124,9 @@ def test_anything_but_a_triton_template_on_a_cuda_gpu_stays_in_process(tmp_path:
     on_cpu.bmreq.output_tensor_meta = TensorMeta(
         torch.device("cpu"), torch.bfloat16, (512, 1024), (1024, 1), 0
     )
-    assert tuning.job_of(on_cpu, H100) is None
-    assert tuning.job_of(Choice(None), H100) is None
-    assert tuning.job_of(object(), H100) is None
+    assert autotune.job_of(on_cpu, H100) is None
+    assert autotune.job_of(Choice(None), H100) is None
+    assert autotune.job_of(object(), H100) is None
 
 
 def test_a_stored_timing_reads_back_and_a_failed_candidate_reads_as_infinitely_slow() -> None:
@@ -142,10 +142,10 @@ def test_a_timing_planted_in_redis_without_the_secret_is_not_believed(
     client = installed.client
     name = key_of(candidate(tmp_path))
     clean_cache.set(name, json.dumps({"ms": 0.0001}))
-    assert tuning._read(client, [name]) == {}
+    assert autotune._read(client, [name]) == {}
     clean_cache.delete(name)
     client.store.put(name, timing_payload(0.25, "a worker"))
-    assert tuning._read(client, [name]) == {name: 0.25}
+    assert autotune._read(client, [name]) == {name: 0.25}
 
 
 def test_with_no_gpu_worker_of_its_model_a_client_times_every_candidate_itself(
@@ -153,7 +153,7 @@ def test_with_no_gpu_worker_of_its_model_a_client_times_every_candidate_itself(
 ) -> None:
     # The session's worker cross-compiles for sm_90 without a GPU: it serves no tune queue.
     choices = [candidate(tmp_path), candidate(tmp_path, num_warps=8)]
-    assert tuning.tune(installed.client, choices, H100).timings == {}
+    assert autotune.tune(installed.client, choices, H100).timings == {}
     client = installed.client.store.client
     assert int(client.hget(keys.STATS, "tune_local") or 0) == 2
     assert not list(client.scan_iter(match=keys.JOB + "*"))
@@ -178,12 +178,12 @@ def test_a_workers_codegen_times_what_the_store_lacks_itself_and_stores_it_for_e
     try:
         choices = [candidate(tmp_path), candidate(tmp_path, num_warps=8)]
         # No GPU worker serves H100s here, yet nothing is sent: a worker's codegen times them.
-        tuned = tuning.tune(in_worker, choices, H100)
+        tuned = autotune.tune(in_worker, choices, H100)
         assert tuned.timings == {} and set(tuned.share) == set(choices)
         assert not list(clean_cache.scan_iter(match=keys.JOB + "*"))
-        tuning.share(in_worker, tuned.share, {choices[0]: 0.0125, choices[1]: math.inf})
+        autotune.share(in_worker, tuned.share, {choices[0]: 0.0125, choices[1]: math.inf})
         # Any other process (another rank, a client generating the same GEMM) finds both.
-        found = tuning.tune(elsewhere, choices, H100)
+        found = autotune.tune(elsewhere, choices, H100)
         assert found.timings == {choices[0]: 0.0125, choices[1]: math.inf}
         assert found.share == {}
         assert int(clean_cache.hget(keys.STATS, "tune_hits") or 0) == 2
@@ -228,7 +228,7 @@ def test_a_gemms_whole_table_is_stored_once_timed_and_a_later_process_times_noth
         choices = [candidate(tmp_path), candidate(tmp_path, num_warps=8), aten_mm()]
         # No GPU worker serves H100s here: the first process times all three itself.
         measured = Measure(0.02)
-        timings = tuning.timed(first, choices, measured, gpu=H100)
+        timings = autotune.timed(first, choices, measured, gpu=H100)
         assert measured.asked == choices and len(tables(clean_cache)) == 1
         # Another rank or machine, with the same choices made afresh (another graph's names,
         # another GPU index): every time from the table, none measured, the same pick.
@@ -238,7 +238,7 @@ def test_a_gemms_whole_table_is_stored_once_timed_and_a_later_process_times_noth
             aten_mm(),
         ]
         nothing = Measure(9.0)
-        found = tuning.timed(later, again, nothing, gpu=H100)
+        found = autotune.timed(later, again, nothing, gpu=H100)
         assert nothing.asked == []
         assert list(found.values()) == list(timings.values())
         stats = clean_cache.hgetall(keys.STATS)
@@ -254,17 +254,17 @@ def test_a_table_of_other_choices_or_planted_without_the_secret_is_not_used(
     client = _client(settings)
     try:
         choices = [candidate(tmp_path), aten_mm()]
-        tuning.timed(client, choices, Measure(0.02), gpu=H100)
+        autotune.timed(client, choices, Measure(0.02), gpu=H100)
         # One more candidate config: another GEMM table, so every choice is timed again.
         more = [*choices, candidate(tmp_path, num_warps=8)]
         measured = Measure(0.03)
-        tuning.timed(client, more, measured, gpu=H100)
+        autotune.timed(client, more, measured, gpu=H100)
         assert measured.asked == more and len(tables(clean_cache)) == 2
         # A table written straight into Redis, unsigned, claiming the GEMM is free.
         for key in tables(clean_cache):
             clean_cache.set(key, json.dumps({"ms": {}}))
         measured = Measure(0.04)
-        tuning.timed(client, more, measured, gpu=H100)
+        autotune.timed(client, more, measured, gpu=H100)
         assert measured.asked == more
     finally:
         client.close()
@@ -293,9 +293,9 @@ def test_a_workers_codegen_takes_its_gpus_lock_only_to_time_a_gpu_op(
     try:
         on_gpu = FixedLayout(torch.device("cuda", 1), torch.bfloat16, [4, 4], [4, 1])
         on_cpu = FixedLayout(torch.device("cpu"), torch.float32, [4, 4], [4, 1])
-        with tuning._this_gpu(in_worker, on_cpu):
+        with autotune._this_gpu(in_worker, on_cpu):
             assert not list(tmp_path.glob("compileq-gpu-*.lock"))
-        with tuning._this_gpu(in_worker, on_gpu):
+        with autotune._this_gpu(in_worker, on_gpu):
             assert [p.name for p in tmp_path.glob("compileq-gpu-*.lock")] == [
                 "compileq-gpu-GPU-test.lock"
             ]
@@ -308,7 +308,7 @@ def test_a_workers_codegen_takes_its_gpus_lock_only_to_time_a_gpu_op(
 def tune_worker_beating(settings: Settings, clean_cache: Any) -> Iterator[str]:
     """A signed heartbeat of a worker serving the H100 tune queue, with no process behind it:
     a worker that died after its last beat, or whose messages are lost."""
-    from compileq.tasks import liveness
+    from compileq.cache import liveness
     from compileq.tasks.queues import tune_queue
 
     queue = tune_queue(local_toolchain(TARGET), H100)
@@ -324,7 +324,7 @@ def test_a_client_waits_no_longer_than_its_deadline_for_a_worker_that_never_answ
     client = _client(settings, deadline_s=2.0)
     try:
         started = time.monotonic()
-        assert tuning.tune(client, [candidate(tmp_path)], H100).timings == {}
+        assert autotune.tune(client, [candidate(tmp_path)], H100).timings == {}
         assert 2.0 <= time.monotonic() - started < 15
         assert int(client.store.client.hget(keys.STATS, "tune_local") or 0) == 1
     finally:
@@ -341,7 +341,7 @@ def test_a_client_whose_broker_is_down_times_candidates_itself_without_waiting(
     try:
         started = time.monotonic()
         choices = [candidate(tmp_path), candidate(tmp_path, num_warps=8)]
-        assert tuning.tune(client, choices, H100).timings == {}
+        assert autotune.tune(client, choices, H100).timings == {}
         assert time.monotonic() - started < 30  # kombu's publish retries, not the deadline
         assert not list(client.store.client.scan_iter(match=keys.LOCK + "*"))
     finally:
@@ -373,7 +373,7 @@ def _send(context: Any, job: TuneJob, sealed: bool = True) -> str:
 
 
 def test_a_worker_refuses_a_job_for_another_gpu_model(gpu_context: Any, tmp_path: Path) -> None:
-    job = tuning.job_of(candidate(tmp_path), "NVIDIA A100-SXM4-80GB")
+    job = autotune.job_of(candidate(tmp_path), "NVIDIA A100-SXM4-80GB")
     assert job is not None
     name = _send(gpu_context, job)
     assert execute_tune_triton(name) == "rejected"
@@ -383,7 +383,7 @@ def test_a_worker_refuses_a_job_for_another_gpu_model(gpu_context: Any, tmp_path
 def test_a_worker_refuses_an_unsigned_job_without_opening_it(
     gpu_context: Any, tmp_path: Path
 ) -> None:
-    job = tuning.job_of(candidate(tmp_path), H100)
+    job = autotune.job_of(candidate(tmp_path), H100)
     assert job is not None
     name = _send(gpu_context, job, sealed=False)
     assert execute_tune_triton(name) == "rejected"
@@ -402,11 +402,11 @@ def test_install_hooks_both_ways_inductor_times_candidates_and_uninstall_restore
     sub = autotune_process.benchmark_in_sub_process
     assert compileq.install(settings)
     try:
-        assert tuning.active()
+        assert autotune.active()
         assert cls.__dict__["benchmark_in_current_process"] is not current
         assert autotune_process.benchmark_in_sub_process is not sub
     finally:
         compileq.uninstall()
-    assert not tuning.active()
+    assert not autotune.active()
     assert cls.__dict__["benchmark_in_current_process"] is current
     assert autotune_process.benchmark_in_sub_process is sub

@@ -12,7 +12,7 @@ import textwrap
 import torch
 
 from compileq.cache.counters import Reason
-from compileq.scheduler.fx_remote import Fallback, reason_of
+from compileq.codegen.remote import Fallback, reason_of
 from compileq.tasks import device_index, portable
 from compileq.tasks.fx_wire import unpicklable, wire
 

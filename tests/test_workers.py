@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
+from compileq.cache import liveness
 from compileq.config import Settings
 from compileq.errors import WorkerError
 from compileq.fingerprint import Target
-from compileq.tasks import liveness
 from compileq.tasks.app import celery_config
 from compileq.workers import priority
 from compileq.workers.fx_slots import FxSlots

@@ -14,13 +14,13 @@ __version__ = "0.1.0"
 def install(settings: Any = None, *, fx: bool | None = None) -> bool:
     """Route torch.compile's builds through compileq; ``fx=True`` also its graph codegen
     (default: the ``COMPILEQ_FX`` setting)."""
-    from compileq.scheduler.install import install as _install
+    from compileq.features import install as _install
 
     return _install(settings, fx=fx)
 
 
 def uninstall() -> None:
-    from compileq.scheduler.install import uninstall as _uninstall
+    from compileq.features import uninstall as _uninstall
 
     _uninstall()
 

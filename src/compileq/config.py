@@ -164,7 +164,7 @@ class Settings(BaseSettings):
         True,
         description="max-autotune: store Triton candidates' timings for the cluster, and have a "
         "process that generates its own graphs send the candidates to GPU workers of its GPU "
-        "model (see scheduler/tuning.py).",
+        "model (see inductor/autotune.py).",
     )
 
     fx: bool = Field(
@@ -174,23 +174,23 @@ class Settings(BaseSettings):
     profiles: bool = Field(
         False,
         description="Save each job's compiled artifacts as its profile at exit, and fetch the "
-        "profile while a new process imports (see scheduler/profiles.py). Opt-in: measured on "
+        "profile while a new process imports (see inductor/profiles.py). Opt-in: measured on "
         "CPU and H100, a profile gains nothing yet over compileq's remote lookups.",
     )
     ddp_aot_cache: bool = Field(
         True,
         description="With graph_cache: serve DDPOptimizer's subgraphs from AOTAutograd's cache, "
-        "which stock torch bypasses for them (see scheduler/ddp_aot.py).",
+        "which stock torch bypasses for them (see codegen/ddp_aot.py).",
     )
     index_free_keys: bool = Field(
         True,
         description="With graph_cache: key Inductor's FX-graph and AOTAutograd entries as for "
-        "cuda:0, so every GPU index shares one entry per graph (see scheduler/index_free.py).",
+        "cuda:0, so every GPU index shares one entry per graph (see inductor/index_free.py).",
     )
     gc_window: bool = Field(
         True,
         description="Keep Python's full garbage collections off the objects that exist before "
-        "each compile, for the compile's length (see scheduler/gc_window.py).",
+        "each compile, for the compile's length (see inductor/gc_window.py).",
     )
     speculate: bool = Field(
         True,

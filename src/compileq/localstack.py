@@ -20,10 +20,10 @@ from pathlib import Path
 
 import redis
 
+from compileq.cache import liveness
 from compileq.config import Settings, child_env
 from compileq.connect import redis_client
 from compileq.errors import CompileqError
-from compileq.tasks import liveness
 
 
 def free_port() -> int:

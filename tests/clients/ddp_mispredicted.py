@@ -1,5 +1,5 @@
 """``examples/llama_script.py`` (imported, so the worker cannot import its classes), with every
-rank's first deferred DDP forward (compileq.scheduler.deferred) made to fail its check, as
+rank's first deferred DDP forward (compileq.codegen.deferred) made to fail its check, as
 ``COMPILEQ_TEST_FAULT`` says:
 
 - ``strides``: it came back with other output strides than the traced ones, as Inductor may
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from compileq.scheduler import deferred
+from compileq.codegen import deferred
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 

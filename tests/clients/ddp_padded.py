@@ -1,7 +1,7 @@
 """``examples/llama_script.py`` with Inductor padding strides on the CPU as it does on a GPU
 (``disable_padding_cpu`` off): at a width whose rows are over 1024 elements and not a multiple
 of 128 bytes, Inductor pads the saved activations of each DDP forward, so they come back from
-the worker with other strides than the traced ones (scheduler/deferred.py).
+the worker with other strides than the traced ones (codegen/deferred.py).
 """
 
 from __future__ import annotations

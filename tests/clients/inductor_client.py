@@ -20,7 +20,7 @@ def main() -> None:
     from torch._inductor.codecache import _load_triton_kernel_from_source
     from torch._inductor.runtime.compile_tasks import _worker_compile_triton
 
-    from compileq.scheduler.inductor import inductor_extra_config
+    from compileq.scheduler.recognise import inductor_extra_config
 
     with open(sys.argv[1]) as f:
         rows = [json.loads(line) for line in f if line.strip()]

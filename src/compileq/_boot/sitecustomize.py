@@ -86,7 +86,7 @@ if os.environ.get("COMPILEQ_ENABLED", "1") not in ("0", "false", "False") and no
 ):
     sys.meta_path.insert(0, _InstallWhenInductorLoads())
     try:  # the job's profile starts coming while this process imports torch
-        from compileq.scheduler import profiles
+        from compileq.inductor import profiles
 
         profiles.prefetch()
     except Exception as e:  # never break the user's program

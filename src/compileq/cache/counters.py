@@ -18,7 +18,7 @@ class Counter(str, enum.Enum):
     KERNEL_LOCAL_COMPILES = "kernel_local_compiles"
     KERNEL_REMOTE_FAILURES = "kernel_remote_failures"
     #: max-autotune candidates: timings found in the store, timed by GPU workers, and timed in
-    #: the compiling process because no worker could (scheduler/tuning.py).
+    #: the compiling process because no worker could (inductor/autotune.py).
     TUNE_HITS = "tune_hits"
     TUNE_REMOTE = "tune_remote"
     TUNE_LOCAL = "tune_local"
@@ -30,7 +30,7 @@ class Counter(str, enum.Enum):
     FX_LOCAL_COMPILES = "fx_local_compiles"
     #: Backward graphs whose codegen job was sent when AOTAutograd partitioned them.
     FX_SENT_AHEAD = "fx_sent_ahead"
-    #: Job profiles (scheduler/profiles.py): loaded into the local caches, absent or late,
+    #: Job profiles (inductor/profiles.py): loaded into the local caches, absent or late,
     #: refused (tampered, truncated, over the cap, unreadable), saved at exit.
     PROFILE_LOADS = "profile_loads"
     PROFILE_MISSES = "profile_misses"
@@ -42,12 +42,12 @@ class Counter(str, enum.Enum):
     PROFILE_PREFETCH_MS = "profile_prefetch_ms"
     PROFILE_WAIT_MS = "profile_wait_ms"
     #: DDPOptimizer subgraphs loaded from AOTAutograd's cache, and the outputs of compiled
-    #: ones recorded so that they can be (scheduler/ddp_aot.py).
+    #: ones recorded so that they can be (codegen/ddp_aot.py).
     DDP_SUBGRAPH_LOADS = "ddp_subgraph_loads"
     DDP_SUBGRAPH_RECORDS = "ddp_subgraph_records"
     #: DDP subgraphs' forwards whose compile went on without waiting for their worker, and
     #: frames compiled again because such a forward's output strides were not the traced ones
-    #: or its output could not be loaded (scheduler/deferred.py).
+    #: or its output could not be loaded (codegen/deferred.py).
     DDP_FORWARDS_DEFERRED = "ddp_forwards_deferred"
     DDP_FORWARD_MISPREDICTIONS = "ddp_forward_mispredictions"
     #: Deferred forwards whose saved activations came back padded, restrided for the backward.
@@ -58,7 +58,7 @@ class Counter(str, enum.Enum):
     CPP_MISSES = "cpp_misses"
     CPP_REMOTE_COMPILES = "cpp_remote_compiles"
     CPP_LOCAL_COMPILES = "cpp_local_compiles"
-    #: Triton's C helper modules (scheduler/triton_modules.py): written from the store,
+    #: Triton's C helper modules (inductor/triton_modules.py): written from the store,
     #: missing there, built here.
     TRITON_MODULE_HITS = "triton_module_hits"
     TRITON_MODULE_MISSES = "triton_module_misses"

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from compileq.cache import meta
+from compileq.cache import liveness, meta
 from compileq.cache.counters import read_counters, read_fallback_reasons, read_queue_counters
 from compileq.cache.store import RedisStore
-from compileq.tasks import liveness
 
 #: How many of the slowest builds per kind ``compileq stats`` lists.
 TOP = 10

@@ -20,10 +20,9 @@ import redis
 
 from compileq import keys
 from compileq._text import printable as _p
-from compileq.cache import meta
+from compileq.cache import liveness, meta
 from compileq.errors import CompileqError
 from compileq.fingerprint import Target, differences, flatten
-from compileq.tasks import liveness
 
 
 class ExplainError(CompileqError):
@@ -80,7 +79,7 @@ def here_record(record: dict[str, Any]) -> dict[str, Any]:
     """What this machine would put in the same kernel's key: its toolchain for the record's
     target and the ``extra_config`` Inductor sends here."""
     from compileq.fingerprint import local_toolchain
-    from compileq.scheduler.inductor import inductor_extra_config
+    from compileq.scheduler.recognise import inductor_extra_config
 
     material = dict(record.get("material") or {})
     if material.get("kind") != "triton":

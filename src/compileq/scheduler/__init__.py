@@ -1,7 +1,7 @@
-"""Client side: the pool Inductor submits to, cache lookup, single-flight, routing, fallback.
+"""The client and its pool: the pool Inductor submits to, cache lookup, single-flight,
+routing, the one send-and-wait path every job kind takes, deadlines and local fallback.
 
-Its names are imported when first used: ``compileq run``'s start-up hook imports
-``scheduler.profiles`` in every process, before torch, and must not pay for Celery.
+Its names are imported when first used: importing the package must not pay for Celery.
 """
 
 from __future__ import annotations
@@ -13,9 +13,6 @@ _EXPORTS = {
     "Built": "compileq.scheduler.client",
     "KernelClient": "compileq.scheduler.client",
     "Outcome": "compileq.scheduler.client",
-    "install": "compileq.scheduler.install",
-    "installed_pool": "compileq.scheduler.install",
-    "uninstall": "compileq.scheduler.install",
 }
 
 __all__ = sorted(_EXPORTS)

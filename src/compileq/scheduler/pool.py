@@ -11,7 +11,7 @@ from typing import Any
 
 from compileq.scheduler import boundary
 from compileq.scheduler.client import Built, KernelClient
-from compileq.scheduler.inductor import recognise, relocate_to_this_machine
+from compileq.scheduler.recognise import recognise, relocate_to_this_machine
 from compileq.tasks import device_index
 
 

@@ -10,10 +10,10 @@ from typing import Any
 import redis
 
 from compileq._log import warn_once
+from compileq.cache import liveness
 from compileq.cache.counters import Counter
 from compileq.config import Settings
 from compileq.fingerprint import FxToolchain, Target, Toolchain, differences, local_toolchain
-from compileq.tasks import liveness
 from compileq.tasks.queues import triton_queue
 
 #: How long a liveness answer is trusted. Asking per kernel would add a round trip to every
@@ -96,7 +96,7 @@ class Router:
         return " | ".join(seen[:3])
 
     def has_worker(self, queue: str) -> bool:
-        """Whether a worker whose heartbeat verifies (see tasks/liveness.py) serves ``queue``."""
+        """Whether a worker whose heartbeat verifies (see cache/liveness.py) serves ``queue``."""
         now = time.monotonic()
         cached = self._live.get(queue)
         if cached and now - cached[0] < _LIVENESS_CACHE_S:

@@ -13,9 +13,9 @@ from compileq._log import log
 from compileq.config import Settings
 from compileq.errors import ManifestError
 from compileq.scheduler.client import KernelClient, Outcome
-from compileq.scheduler.inductor import inductor_extra_config
 from compileq.scheduler.local import LocalBuilder
 from compileq.scheduler.progress import progress
+from compileq.scheduler.recognise import inductor_extra_config
 from compileq.tasks.jobs import TritonJob
 
 

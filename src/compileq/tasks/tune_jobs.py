@@ -138,7 +138,7 @@ def _ms(value: Any) -> float | None:
 
 
 #: A GEMM's whole table: the time of every one of its choices, Triton's and ATen's, as the
-#: process that autotuned it first measured them (``scheduler/tuning.py``).
+#: process that autotuned it first measured them (``inductor/autotune.py``).
 TABLE_KIND = "tunetable"
 #: A table lists tens of choices; anything far larger is not one compileq wrote.
 _MAX_TABLE = 4096

@@ -180,7 +180,7 @@ def _full_collections_postponed() -> Iterator[None]:
     a later one, inside the time a client waits. Young collections still run, so a long
     codegen's short-lived garbage is freed as before; only what survives into the oldest
     generation waits, for one codegen. Rejected: the client's window (``gc.freeze()`` and
-    ``gc.unfreeze()``, see scheduler/gc_window.py), because ``unfreeze`` has no partial form
+    ``gc.unfreeze()``, see inductor/gc_window.py), because ``unfreeze`` has no partial form
     and would thaw what the worker froze before forking its pool: each process would then
     write to the pages it shares with its parent (copy on write) at its next full collection.
     """
@@ -223,7 +223,7 @@ def _install_in_this_process(ctx: WorkerContext) -> None:
     global _installed_pid
     if _installed_pid == os.getpid():
         return
-    from compileq.scheduler.install import install
+    from compileq.features import install
 
     install(ctx.settings, fx=False, on_worker=ctx.fx_slots.sibling_free)
     _installed_pid = os.getpid()

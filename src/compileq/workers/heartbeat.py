@@ -9,7 +9,7 @@ from typing import Any
 import redis
 
 from compileq._log import log, warn_once
-from compileq.tasks import liveness
+from compileq.cache import liveness
 from compileq.tasks.probe import make_probe
 
 

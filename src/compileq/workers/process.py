@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     store.replace_foreign = lambda: True
     if settings.graph_cache:
         from compileq.cache.counters import Counter
-        from compileq.scheduler import cpp_cache
+        from compileq.inductor import cpp_cache
 
         # Finding this CPU's vector ISAs compiles a probe per ISA; shared through the store,
         # a client asking the same question of the same CPU loads them instead of building.

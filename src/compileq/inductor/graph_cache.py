@@ -26,7 +26,8 @@ from compileq.cache.counters import Counter, Reason, fallback
 from compileq.cache.store import Entry, RedisStore
 from compileq.errors import CompileqError
 from compileq.fingerprint import host_identity
-from compileq.scheduler import boundary, import_hooks
+from compileq.hooks import import_hooks
+from compileq.scheduler import boundary
 from compileq.scheduler.leases import Leases
 from compileq.scheduler.progress import progress
 
@@ -153,11 +154,11 @@ class FxGraphBackend(_StoreBackend):
     on_put = Counter.FX_LOCAL_COMPILES
 
     def _put_counter(self) -> Counter | None:
-        from compileq.scheduler import fx_remote
+        from compileq.codegen import remote
 
         # A graph a worker generated was counted there (fx_remote_compiles), once, by the
         # process that ran the codegen; this put only shares its result.
-        return None if fx_remote.generated_remotely() else self.on_put
+        return None if remote.generated_remotely() else self.on_put
 
 
 class AOTAutogradBackend(_StoreBackend):
@@ -224,7 +225,7 @@ _wrapped: tuple[Any, Any] | None = None  # (compile_fx module, its own _compile_
 
 def hook_compile_fx() -> None:
     """Release graph leases after each compile, now or once ``compile_fx`` has loaded. Like
-    fx_remote.enable: called again by install()'s second call, for ``compileq run``, which
+    remote.enable: called again by install()'s second call, for ``compileq run``, which
     installs while ``compile_fx`` is still loading."""
     import_hooks.after_import(_COMPILE_FX, _release_leases_after_each_compile)
 

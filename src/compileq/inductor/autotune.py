@@ -55,7 +55,8 @@ from compileq import keys
 from compileq._log import warn_once
 from compileq.cache.counters import Counter
 from compileq.fingerprint import Toolchain
-from compileq.scheduler import boundary, import_hooks, leases
+from compileq.hooks import import_hooks
+from compileq.scheduler import boundary, leases
 from compileq.scheduler.client import KernelClient
 from compileq.tasks import device_index, events
 from compileq.tasks.app import TUNE_TRITON

@@ -6,7 +6,7 @@ lazy lowering]). With codegen on workers the two codegens then run one after the
 DDP job's backwards run one bucket after another at its first ``loss.backward()``. So when the
 forward misses every cache and its job has gone to a worker, compileq runs the backward compile
 Inductor will run later, with the same module and example inputs, as far as sending its codegen
-job (:func:`fx_remote.send_ahead`), and then stops it (:class:`Sent`); only then does the client
+job (:func:`remote.send_ahead`), and then stops it (:class:`Sent`); only then does the client
 wait for the forward. The worker generates both at once; the lazy compile later finds the
 backward's output in the store, or this process's lease on its job, and waits for the worker
 instead of sending it again. Cold time becomes the longer of the two codegens, not their sum.
@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from compileq._log import log, warn_once
-from compileq.scheduler import import_hooks
+from compileq.hooks import import_hooks
 
 _GRAPH_COMPILE = "torch._functorch._aot_autograd.graph_compile"
 _DISTRIBUTED = "torch._dynamo.backends.distributed"
@@ -225,7 +225,7 @@ def _backward_of(result: Any, args: list[Any]) -> _Pending | None:
         ViewAndMutationMeta,
     )
 
-    from compileq.scheduler import fx_remote
+    from compileq.codegen import remote
 
     bw_module = result[1] if isinstance(result, tuple) and len(result) > 1 else None
     aot_config = next((a for a in args if isinstance(a, AOTConfig)), None)
@@ -233,7 +233,7 @@ def _backward_of(result: Any, args: list[Any]) -> _Pending | None:
     if not isinstance(bw_module, torch.fx.GraphModule) or aot_config is None:
         return None
     compiler = getattr(_thread, "bw_compiler", None) or aot_config.bw_compiler
-    if not callable(compiler) or not fx_remote.active() or not _wanted():
+    if not callable(compiler) or not remote.active() or not _wanted():
         return None
     subclass_meta = next((a for a in args if isinstance(a, SubclassMeta)), None)
     inner = (

@@ -20,7 +20,7 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
-from compileq.scheduler import index_free
+from compileq.inductor import index_free
 
 
 def graph_key(

@@ -12,9 +12,11 @@ from typing import Any
 from compileq import fingerprint, stack_chunks
 from compileq._log import log, warn_once
 from compileq.cache.counters import Counter
+from compileq.codegen import deferred, remote, speculative
 from compileq.config import Settings, get_settings
 from compileq.errors import ConfigError
-from compileq.scheduler import boundary, deferred, fx_remote, speculative, tuning
+from compileq.inductor import autotune
+from compileq.scheduler import boundary
 from compileq.scheduler.client import KernelClient
 from compileq.scheduler.local import LocalBuilder
 from compileq.scheduler.pool import CompileqPool
@@ -73,22 +75,22 @@ def install(
     with _lock:
         if _installed is not None:
             if _installed.fx:
-                fx_remote.enable(_installed.pool.client)
+                remote.enable(_installed.pool.client)
                 if settings.speculate:
                     speculative.enable()
                 if settings.defer_forwards:
                     deferred.enable(functools.partial(_count, _installed.pool.client))
             if settings.graph_cache:
-                from compileq.scheduler import graph_cache
+                from compileq.inductor import graph_cache
 
                 graph_cache.hook_compile_fx()
-                from compileq.scheduler import ddp_aot
+                from compileq.codegen import ddp_aot
 
                 ddp_aot.hook()  # nothing unless the first call enabled it
-                from compileq.scheduler import index_free
+                from compileq.inductor import index_free
 
                 index_free.hook()  # nothing unless the first call enabled it
-            from compileq.scheduler import profiles
+            from compileq.inductor import profiles
 
             profiles.hook_compile_fx()
             return True
@@ -115,7 +117,7 @@ def install(
         # Recorded at once, so that uninstall() can undo a partial install (boundary.guard).
         _installed = _Installed(original, pool, False)
         if settings.graph_cache:
-            from compileq.scheduler import cpp_cache, graph_cache, triton_modules
+            from compileq.inductor import cpp_cache, graph_cache, triton_modules
 
             graph_cache.enable(client.store, settings.deadline_s)
             triton_modules.enable(client.store)
@@ -124,15 +126,15 @@ def install(
             )
             cpp_cache.enable(client.store, built)
             if settings.cpp_fanout:
-                from compileq.scheduler import cpp_fanout
+                from compileq.inductor import cpp_fanout
 
                 cpp_fanout.enable(client, on_worker)
             if settings.ddp_aot_cache and on_worker is None:
-                from compileq.scheduler import ddp_aot
+                from compileq.codegen import ddp_aot
 
                 ddp_aot.enable(client.store)
             if settings.index_free_keys and on_worker is None:
-                from compileq.scheduler import index_free
+                from compileq.inductor import index_free
 
                 index_free.enable()
         # Inductor's torch_key and triton_key from compileq's on-disk memo: the first compile
@@ -140,17 +142,17 @@ def install(
         fingerprint.seed_inductor_keys()
         fingerprint.use_torch_ptxas()
         if settings.gc_window and on_worker is None:
-            from compileq.scheduler import gc_window
+            from compileq.inductor import gc_window
 
             gc_window.enable()
         if settings.profiles and on_worker is None:
-            from compileq.scheduler import profiles
+            from compileq.inductor import profiles
 
             profiles.enable(client.store)
         if settings.tune_on_workers:
-            tuning.enable(client)
+            autotune.enable(client)
         if want_fx and on_worker is None:
-            fx_remote.enable(client)
+            remote.enable(client)
             if settings.speculate:
                 speculative.enable()
             if settings.defer_forwards:
@@ -181,10 +183,10 @@ def uninstall() -> None:
         from torch._inductor.async_compile import AsyncCompile
 
         AsyncCompile.process_pool = _installed.original  # type: ignore[method-assign]
-        from compileq.scheduler import (
+        from compileq.codegen import ddp_aot
+        from compileq.inductor import (
             cpp_cache,
             cpp_fanout,
-            ddp_aot,
             gc_window,
             graph_cache,
             index_free,
@@ -192,11 +194,11 @@ def uninstall() -> None:
         )
 
         gc_window.disable()
-        tuning.disable()
+        autotune.disable()
         triton_modules.disable()
         ddp_aot.disable()
         index_free.disable()
-        fx_remote.disable()
+        remote.disable()
         speculative.disable()
         deferred.disable()
         graph_cache.disable()

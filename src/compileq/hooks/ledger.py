@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from compileq._log import log
-from compileq.scheduler import import_hooks
+from compileq.hooks import import_hooks
 
 
 class Patches:

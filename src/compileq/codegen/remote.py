@@ -38,7 +38,8 @@ from compileq._log import log, warn_once
 from compileq.cache.counters import Counter, Reason, fallback
 from compileq.errors import CompileqError, EntryTooLarge
 from compileq.fingerprint import FxToolchain, Target, fx_target, local_fx_toolchain
-from compileq.scheduler import import_hooks, leases
+from compileq.hooks import import_hooks
+from compileq.scheduler import leases
 from compileq.scheduler.client import KernelClient
 from compileq.tasks import events
 from compileq.tasks.app import COMPILE_FX
@@ -422,7 +423,7 @@ def _patch(module: Any) -> None:
     global _saved
     from torch._inductor import compile_fx_subproc
 
-    from compileq.scheduler.fx_scheme import RemoteFxCompile
+    from compileq.codegen.scheme import RemoteFxCompile
 
     if module.fx_compile_mode != module.FxCompileMode.NORMAL or any(
         getattr(module, flag, False) for flag in ("fx_compile_async", "fx_compile_progressive")

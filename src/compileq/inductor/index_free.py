@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from compileq._log import log
-from compileq.scheduler.patches import Patches
+from compileq.hooks.ledger import Patches
 from compileq.tasks import device_index
 
 #: Ends every FX-graph and AOTAutograd key computed as for ``cuda:0``.

@@ -31,7 +31,8 @@ from compileq.cache.counters import Counter
 from compileq.cache.store import RedisStore
 from compileq.errors import CompileqError
 from compileq.fingerprint import compiler_identity, cpu_flags
-from compileq.scheduler import boundary, cpp_fanout
+from compileq.inductor import cpp_fanout
+from compileq.scheduler import boundary
 
 _store: RedisStore | None = None
 _original: Callable[[str, Sequence[Any]], None] | None = None

@@ -62,7 +62,7 @@ from typing import Any
 
 from compileq import keys
 from compileq._log import log, warn_once
-from compileq.scheduler import import_hooks
+from compileq.hooks import import_hooks
 
 PROFILE = "profile"
 #: The longest the first compile waits for a fetch still under way; then it goes on without.

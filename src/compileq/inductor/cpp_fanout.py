@@ -3,7 +3,7 @@
 Inductor builds each C++ kernel of a graph on its own compile threads, all on this machine.
 Sent to the C++ queue of this compiler, torch and CPU (``tasks/cpp_jobs.py``), a cold graph's
 objects are built by every free pool process of every worker serving it, each once for the
-cluster (single flight on the object's key, as graphs: ``fx_remote.run_job``), while the
+cluster (single flight on the object's key, as graphs: ``remote.run_job``), while the
 thread that would have run the compiler here waits. Where no worker serves the queue, a
 command line cannot travel, or the round trip fails, the object is built here as stock
 builds it: slower, never failed.
@@ -20,14 +20,15 @@ from typing import Any
 import redis
 
 from compileq._log import warn_once
+from compileq.codegen import remote
 from compileq.fingerprint import cpp_toolchain
-from compileq.scheduler import boundary, fx_remote
+from compileq.scheduler import boundary
 from compileq.scheduler.client import KernelClient
 from compileq.tasks.app import COMPILE_CPP
 from compileq.tasks.cpp_jobs import CppJob, Unportable, machine_dirs
 from compileq.tasks.queues import cpp_queue
 
-CPP = fx_remote.Kind(COMPILE_CPP, "cpp", "build the C++ object")
+CPP = remote.Kind(COMPILE_CPP, "cpp", "build the C++ object")
 
 _client: KernelClient | None = None
 #: Each precompiled header Inductor asked for here (made or skipped): path -> its builder.
@@ -106,10 +107,10 @@ def built_remotely(key: str, builders: Sequence[Any]) -> bytes | None:
         return None
     try:
         job = CppJob.from_builders(cpp_toolchain(), builders, machine_dirs(), _headers)
-        return fx_remote.run_job(client, CPP, key, job.to_bytes, queue)
+        return remote.run_job(client, CPP, key, job.to_bytes, queue)
     except Unportable as e:
         warn_once("cpp-unportable", "compileq: C++ object built here (%s)", e)
-    except fx_remote.Fallback as e:
+    except remote.Fallback as e:
         warn_once(e.topic, "compileq: %s; building the C++ object here", e)
     except (OSError, ValueError) as e:  # a source unreadable, or a job over the cap
         warn_once("cpp-job", "compileq: C++ object built here (%s)", e)

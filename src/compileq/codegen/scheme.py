@@ -1,7 +1,7 @@
 """The FX compile scheme Inductor runs when compileq routes codegen to workers.
 
 Kept apart from fx_remote because it subclasses ``compile_fx_ext._OutOfProcessFxCompile``,
-which can be imported only once ``compile_fx`` has finished loading (see fx_remote.enable).
+which can be imported only once ``compile_fx`` has finished loading (see remote.enable).
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ from torch._inductor.compile_fx_ext import (
 )
 
 from compileq._log import log
-from compileq.scheduler import boundary, deferred, fx_key, fx_remote, speculative
+from compileq.codegen import deferred, fx_key, remote, speculative
+from compileq.codegen.remote import Fallback, Route
+from compileq.scheduler import boundary
 from compileq.scheduler.client import KernelClient
-from compileq.scheduler.fx_remote import Fallback, Route
 from compileq.tasks import device_index, portable
 from compileq.tasks.fx_jobs import FxJob
 from compileq.tasks.fx_wire import unpicklable, wire
@@ -62,7 +63,7 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
     ) -> Any:
         if speculative.speculating():
             self._send_ahead(gm, example_inputs, inputs_to_check, graph_kwargs)
-        fx_remote.mark_remote(False)
+        remote.mark_remote(False)
         self._stock_ran = False
         try:
             self._route_and_key(gm, example_inputs, inputs_to_check, graph_kwargs)
@@ -78,7 +79,7 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
         except Fallback as e:
             # Raised before Inductor touched anything of the graph's (routing, or waiting
             # for the worker): compiling it here now is the same compile stock would run.
-            fx_remote.fell_back(e)
+            remote.fell_back(e)
         return self._in_process(gm, example_inputs, inputs_to_check, graph_kwargs)
 
     def _send_and_defer(
@@ -90,14 +91,14 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
         """Send this DDP subgraph's forward and let the compile go on without its output, with
         ``strides`` (see ``deferred``); an output already in the store is loaded at once."""
         client, route, job = self._routed_job(pickled)
-        output = fx_remote.send_only(client, job, route.queue, speculative.forward_sent)
-        fx_remote.mark_remote(True)
+        output = remote.send_only(client, job, route.queue, speculative.forward_sent)
+        remote.mark_remote(True)
         if output is not None:
             return self._loaded(output, route.device_index, constants)
 
         def fetch() -> Any:
             return self._loaded(
-                fx_remote.run_remote(client, job, route.queue), route.device_index, constants
+                remote.run_remote(client, job, route.queue), route.device_index, constants
             )
 
         return deferred.defer(fetch, strides)
@@ -125,13 +126,13 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
             route, graph_key = self._route_and_key(
                 gm, example_inputs, inputs_to_check, graph_kwargs
             )
-            client = fx_remote.client()
+            client = remote.client()
             # Without Inductor's hash the key is the pickled bytes, which differ from process
             # to process and call to call: the real compile would never find the job.
             if graph_key is not None and client is not None:
                 serialized = self._serialize(gm, example_inputs, inputs_to_check, graph_kwargs)
                 if serialized is not None:
-                    fx_remote.send_ahead(
+                    remote.send_ahead(
                         client, self._job(route, serialized[0], graph_key), route.queue
                     )
         except Exception as e:
@@ -147,7 +148,7 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
     ) -> tuple[Route, str | None]:
         """Where this graph's job goes, and its key (Inductor's hash for ``cuda:0``): kept for
         ``serialize_compile`` and ``_send_to_child_async``, which Inductor calls in between."""
-        self._route = fx_remote.choose_route(gm, example_inputs)
+        self._route = remote.choose_route(gm, example_inputs)
         self._graph_key = fx_key.graph_key(
             gm, example_inputs, graph_kwargs, inputs_to_check, self._route.device_index
         )
@@ -172,9 +173,9 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
             route.target,
             route.toolchain.digest,
             pickled.value,
-            fx_remote.codegen_env(),
+            remote.codegen_env(),
             graph_key,
-            fx_remote.codegen_state(),
+            remote.codegen_state(),
         )
 
     def serialize_compile(
@@ -191,7 +192,7 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
             what = unpicklable(
                 gm, example_inputs, graph_kwargs, route.device_index if route else None
             )
-            fx_remote.fell_back(
+            remote.fell_back(
                 Fallback(
                     "fx-unserializable",
                     "Inductor will not serialize a graph"
@@ -202,7 +203,7 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
 
     def _routed_job(self, pickled: _WireProtocolPickledInput) -> tuple[KernelClient, Route, FxJob]:
         """The client, this graph's route (``_route_and_key``) and its job."""
-        route, client = self._route, fx_remote.client()
+        route, client = self._route, remote.client()
         if route is None or client is None:
             raise Fallback("fx-off", "remote FX codegen is not set up in this process")
         return client, route, self._job(route, pickled, self._graph_key)
@@ -211,13 +212,13 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
         self, pickled_input: _WireProtocolPickledInput
     ) -> Future[_WireProtocolPickledOutput]:
         # Resolved before it is returned: Inductor's _send_to_child waits on it at once, and
-        # compileq stays out of Inductor's async FX modes (fx_remote._activate), the only
+        # compileq stays out of Inductor's async FX modes (remote._activate), the only
         # callers that would use the time in between.
         client, route, job = self._routed_job(pickled_input)
         # While the worker generates this graph, its backward (if it is a forward that
         # AOTAutograd partitioned just now) goes to the workers too.
-        output = fx_remote.run_remote(client, job, route.queue, speculative.forward_sent)
-        fx_remote.mark_remote(True)
+        output = remote.run_remote(client, job, route.queue, speculative.forward_sent)
+        remote.mark_remote(True)
         future: Future[_WireProtocolPickledOutput] = Future()
         future.set_result(_ClientOutput(output, route.device_index))
         return future

@@ -42,8 +42,9 @@ from typing import Any
 from compileq import keys
 from compileq._log import log, warn_once
 from compileq.cache.counters import Counter
-from compileq.scheduler import deferred, index_free
-from compileq.scheduler.patches import Patches
+from compileq.codegen import deferred
+from compileq.hooks.ledger import Patches
+from compileq.inductor import index_free
 
 KIND = "aotddp"
 _CACHE = "torch._functorch._aot_autograd.autograd_cache"
@@ -269,7 +270,7 @@ def _post_compile(original: Callable[..., Any]) -> Callable[..., Any]:
     def post_compile(self: Any, compiled_fn: Any, aot_config: Any, **kwargs: Any) -> Any:
         wrapped = original(self, compiled_fn, aot_config, **kwargs)
         # A forward whose worker is still generating it: its outputs are recorded only once
-        # its real strides are known to be the ones returned (see scheduler/deferred.py).
+        # its real strides are known to be the ones returned (see codegen/deferred.py).
         forward = deferred.just_deferred()
         if getattr(self, "needs_post_compile", False) and _store is not None:
             record = functools.partial(_record_safely, aot_config, list(self.out_metas))
