@@ -37,7 +37,10 @@ docker:
 demo: setup
 	$(VENV)/bin/compileq demo
 
+# The architecture contract first (pyproject's [tool.importlinter], docs/DESIGN.md): seconds,
+# and a broken layer is a reason to stop before 30 minutes of tests.
 test: setup docker
+	$(VENV)/bin/lint-imports --no-logo
 	$(PY) -m pytest -q
 
 # The fault, bad-input and load tests (the full-size load test included), writing the table
@@ -54,6 +57,7 @@ load: setup
 	$(PY) -m pytest -q -s -m slow tests/test_load.py
 
 lint: setup
+	$(VENV)/bin/lint-imports --no-logo
 	$(VENV)/bin/ruff check src tests bench examples
 	$(VENV)/bin/ruff format --check src tests bench examples
 	$(VENV)/bin/mypy

@@ -51,13 +51,13 @@ def main() -> None:
     from torch._inductor.runtime.compile_tasks import _worker_compile_triton
 
     import compileq
+    from compileq.build.triton import build_triton, enable_cross_compile
     from compileq.cache.store import RedisStore
     from compileq.config import Settings
     from compileq.connect import redis_client
     from compileq.fingerprint import local_toolchain
     from compileq.scheduler.recognise import inductor_extra_config
     from compileq.tasks.jobs import TritonJob
-    from compileq.workers.build import build_triton, enable_cross_compile
 
     if not gpu:
         enable_cross_compile()

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     cpu_after = tree_cpu_s()
     losses += [step.run() for _ in range(args.steps - 1)]
 
-    import compileq.scheduler as scheduler
+    import compileq.features as features
 
     inductor = counters["inductor"]
     print(
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
                 "fx_codegen": inductor["fxgraph_cache_miss"],
                 "fx_cache_hits": inductor["fxgraph_cache_hit"],
                 "kernels_submitted": inductor["async_compile_cache_miss"],
-                "compileq": scheduler.installed_pool() is not None,
+                "compileq": features.installed_pool() is not None,
                 "finished_at": time.time(),
             }
         )

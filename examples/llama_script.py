@@ -224,7 +224,7 @@ def main() -> None:
     distinct = {m.__file__ for m in list(PyCodeCache.modules) if hasattr(m, "call")}
     from torch._dynamo.utils import counters
 
-    import compileq.scheduler as sched
+    import compileq.features as features
 
     result = {
         "rank": rank,
@@ -238,7 +238,7 @@ def main() -> None:
         "graph_lookups": sum(
             counters["inductor"][k] for k in ("fxgraph_cache_miss", "fxgraph_cache_hit")
         ),
-        "compileq": sched.installed_pool() is not None,
+        "compileq": features.installed_pool() is not None,
     }
     # The timings go to the result file only: ranks share stdout, and a line longer than the
     # chunks a launcher forwards (srun: 1 KiB) can come out spliced with another rank's.

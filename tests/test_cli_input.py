@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
+import compileq
 from compileq._text import printable
 from compileq.cache import liveness
 from compileq.config import Settings, load_settings
+from compileq.early_settings import EARLY_FLAGS, EARLY_TEXTS, env_flag
 from compileq.errors import ConfigError
 from compileq.localstack import RedisServer, free_port
 from tests.conftest import FIXTURES, SECRET, compileq_cmd
@@ -225,6 +227,94 @@ def test_load_settings_gives_non_cli_callers_the_same_one_line_error() -> None:
     with pytest.raises(ValueError) as direct:
         Settings(redis_url=f"http://u:{PASSWORD}@h/0")
     assert PASSWORD not in str(direct.value)
+
+
+#: A boolean setting's spellings: those in use (1, 0, true, false, True, False) and the other
+#: documented words in other cases, then what no boolean setting takes (pydantic's own rule took
+#: the single letters; the start-up hook took anything but 0, false and False as on).
+TRUE_SPELLINGS = ("1", "true", "True", "TRUE", "yes", "Yes", "on", "ON")
+FALSE_SPELLINGS = ("0", "false", "False", "FALSE", "no", "No", "off", "OFF")
+NOT_BOOLEANS = ("maybe", "", " 1", "0 ", "2", "-1", "t", "f", "y", "n", "enabled")
+BOOLEAN_SETTINGS = [name for name, f in Settings.model_fields.items() if f.annotation is bool]
+
+
+@pytest.mark.parametrize("value", [*TRUE_SPELLINGS, *FALSE_SPELLINGS, *NOT_BOOLEANS])
+def test_every_boolean_setting_accepts_and_rejects_the_same_spellings_with_or_without_pydantic(
+    value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    expected = True if value in TRUE_SPELLINGS else False if value in FALSE_SPELLINGS else None
+    assert set(EARLY_FLAGS) <= set(BOOLEAN_SETTINGS) and len(BOOLEAN_SETTINGS) >= 12
+    for name in BOOLEAN_SETTINGS:
+        variable = f"COMPILEQ_{name.upper()}"
+        with monkeypatch.context() as env:
+            env.setenv(variable, value)
+            if expected is None:
+                with pytest.raises(ConfigError) as caught:
+                    load_settings()
+                message = str(caught.value)
+                assert message == (
+                    f"{variable}={value!r} is not valid: expected a boolean "
+                    "(1, 0, true, false, yes, no, on or off)"
+                ), message
+            else:
+                assert getattr(load_settings(), name) is expected, variable
+            # What the start-up hook and the profile fetch read without pydantic: the same.
+            if name in EARLY_FLAGS:
+                if expected is None:
+                    with pytest.raises(ConfigError) as early:
+                        env_flag(name)
+                    assert str(early.value) == message
+                else:
+                    assert env_flag(name) is expected, variable
+
+
+def test_the_settings_read_before_pydantic_are_settings_fields_with_their_defaults(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Fields of Settings, so that README's table documents them (test_docs.py).
+    for name in [*EARLY_FLAGS, *EARLY_TEXTS]:
+        monkeypatch.delenv(f"COMPILEQ_{name.upper()}", raising=False)
+    defaults = load_settings()
+    for name, default in EARLY_FLAGS.items():
+        assert Settings.model_fields[name].default is default is env_flag(name), name
+        assert getattr(defaults, name) is default, name
+    for name in EARLY_TEXTS:
+        assert Settings.model_fields[name].default is None, name
+    monkeypatch.setenv("COMPILEQ_JOB_ID", "pipeline")
+    assert load_settings().job_id == "pipeline"
+
+
+def test_the_start_up_hook_reads_compileq_enabled_by_the_one_rule_without_pydantic(
+    tmp_path: Path,
+) -> None:
+    # The hook `compileq run` puts in every Python process: off for every false spelling, on
+    # for every true one, and a bad value is one line saying so (compileq stays off, as
+    # install() would keep it). It must not import pydantic or redis-py (about 0.45 s).
+    boot = Path(compileq.__file__).parent / "_boot"
+    probe = (
+        "import sys\n"
+        "hooked = any(type(f).__name__ == '_InstallWhenInductorLoads' for f in sys.meta_path)\n"
+        "print(hooked, sorted(m for m in ('pydantic', 'redis') if m in sys.modules))\n"
+    )
+    cases = [("0", False), ("off", False), ("False", False), ("1", True), ("yes", True)]
+    for value, hooked in [*cases, ("True", True), ("maybe", False)]:
+        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PYTHONPATH": str(boot)}
+        proc = subprocess.run(
+            [sys.executable, "-c", probe],
+            env={**env, "COMPILEQ_ENABLED": value},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert proc.stdout.strip() == f"{hooked} []", (value, proc.stdout, proc.stderr)
+        if value == "maybe":
+            assert proc.stderr.strip() == (
+                "compileq: not installed: COMPILEQ_ENABLED='maybe' is not valid: expected a "
+                "boolean (1, 0, true, false, yes, no, on or off)"
+            ), proc.stderr
+        else:
+            assert proc.stderr == "", (value, proc.stderr)
 
 
 def test_printable_escapes_control_characters_and_cuts_long_values() -> None:

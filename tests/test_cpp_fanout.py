@@ -227,10 +227,10 @@ def test_a_cpp_job_that_would_run_or_touch_anything_outside_the_workers_dirs_is_
 def test_a_signed_cpp_job_a_worker_refuses_is_announced_so_no_client_waits(
     env: Env, worker: Worker, clean_cache: redis.Redis, settings: Settings
 ) -> None:
-    from compileq.codegen.remote import Fallback, run_job
-    from compileq.inductor.cpp_fanout import CPP
     from compileq.scheduler.client import KernelClient
+    from compileq.scheduler.fallback import Fallback
     from compileq.scheduler.local import LocalBuilder
+    from compileq.scheduler.roundtrip import CPP, Job, fetch
 
     key = keys.artifact("cpp", "0" * 64)
     bad = json.dumps(
@@ -246,7 +246,7 @@ def test_a_signed_cpp_job_a_worker_refuses_is_announced_so_no_client_waits(
     try:
         assert client.router.has_worker(cpp_queue(cpp_toolchain()))
         with pytest.raises(Fallback, match=r"could not build the C\+\+ object"):
-            run_job(client, CPP, key, lambda: bad, cpp_queue(cpp_toolchain()))
+            fetch(client, Job(CPP, key, cpp_queue(cpp_toolchain()), lambda: bad))
     finally:
         client.close()
     assert not Path("/tmp/outside.so").exists()

@@ -290,16 +290,13 @@ def test_waiting_for_a_graph_ignores_other_builds_announced_meanwhile(
     # announced on the channel the client listens to. One arriving when the client was due to
     # poll was once taken for "output missing", and the graph was compiled twice.
     import threading
-    from types import SimpleNamespace
 
-    from compileq.codegen import remote
+    from compileq.scheduler import roundtrip
     from compileq.tasks import events
 
     store = RedisStore(clean_cache, settings)
     key = keys.artifact(FX, "9" * 64)
-    pubsub = clean_cache.pubsub(ignore_subscribe_messages=True)
-    pubsub.subscribe(keys.DONE_CHANNEL)
-    pubsub.get_message(timeout=1)
+    watcher = roundtrip.Watcher(store, connect_timeout_s=1)
 
     def worker_side() -> None:
         for i in range(40):  # 2 s of other kernels' announcements, past the client's poll
@@ -311,8 +308,9 @@ def test_waiting_for_a_graph_ignores_other_builds_announced_meanwhile(
     announcer = threading.Thread(target=worker_side)
     announcer.start()
     try:
-        client = SimpleNamespace(store=store, settings=settings)
-        assert remote._wait(client, pubsub, key, time.monotonic() + 30) == b"the graph's output"
+        waited = watcher.wait([key], time.monotonic() + 30)
+        assert waited.found[key].payload() == b"the graph's output"
+        assert (waited.lost, waited.failed, waited.late) == ([], {}, [])
     finally:
         announcer.join()
-        pubsub.close()
+        watcher.close()

@@ -33,9 +33,10 @@ import redis
 from compileq import keys, localstack
 from compileq.cache.counters import read_counters, reset_counters
 from compileq.cache.store import RedisStore
-from compileq.config import Settings, env_overrides, parse_sentinel_url, redact
+from compileq.config import Settings, env_overrides, redact
 from compileq.connect import redis_client
 from compileq.localstack import free_port, stop
+from compileq.sentinel_url import parse_sentinel_url
 from compileq.tasks.app import celery_config, client_app
 from compileq.tasks.jobs import TritonJob
 from tests.conftest import (

@@ -29,7 +29,7 @@ from compileq.fingerprint import Target, local_toolchain
 from compileq.inductor import autotune
 from compileq.scheduler.pool import CompileqPool
 from compileq.tasks.tune_jobs import TuneJob, timing_of, timing_payload
-from compileq.workers import execute
+from compileq.workers import lifecycle
 from compileq.workers.tune import execute_tune_triton
 from tests.conftest import Worker, manifest_rows
 
@@ -286,7 +286,7 @@ def test_a_workers_codegen_takes_its_gpus_lock_only_to_time_a_gpu_op(
 ) -> None:
     from torch._inductor.ir import FixedLayout
 
-    monkeypatch.setenv("TMPDIR", str(tmp_path))  # where workers/tune.py keeps its lock files
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # where build/gpu_lock.py keeps its lock files
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-test")
     tempfile.tempdir = None  # re-read TMPDIR
     in_worker = _client(settings, on_worker=bool)
@@ -355,13 +355,13 @@ def gpu_context(settings: Settings, clean_cache: Any) -> Any:
     import redis
 
     store = RedisStore(redis.Redis.from_url(settings.redis_url), settings)
-    context = execute.WorkerContext(
+    context = lifecycle.WorkerContext(
         settings, store, {TARGET: local_toolchain(TARGET)}, gpu_name=H100
     )
-    saved = execute._context
-    execute.configure(context)
+    saved = lifecycle._context
+    lifecycle.configure(context)
     yield context
-    execute._context = saved
+    lifecycle._context = saved
 
 
 def _send(context: Any, job: TuneJob, sealed: bool = True) -> str:

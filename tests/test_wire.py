@@ -4,17 +4,26 @@ tests/test_gpu_ranks.py.)"""
 
 from __future__ import annotations
 
+import json
 import pickle
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 
+import pytest
 import torch
 
+from compileq import keys
 from compileq.cache.counters import Reason
-from compileq.codegen.remote import Fallback, reason_of
-from compileq.tasks import device_index, portable
+from compileq.codegen import remote
+from compileq.errors import EntryTooLarge
+from compileq.scheduler import roundtrip
+from compileq.scheduler.fallback import Fallback
+from compileq.tasks import device_index, events, portable
 from compileq.tasks.fx_wire import unpicklable, wire
+from compileq.tasks.portable import StandInCalled
+from compileq.workers.lifecycle import failure_reason
 
 
 class ScriptModule(torch.nn.Module):  # stands for a class of the user's script
@@ -125,18 +134,60 @@ def test_a_kernel_of_cuda_k_is_keyed_as_cuda_0() -> None:
 
 
 def test_fallbacks_are_counted_under_the_reason_an_operator_acts_on() -> None:
-    def reason(topic: str, message: str = "") -> Reason:
-        return reason_of(Fallback(topic, message))
+    # Each reason is set where the fallback is raised (routing, the round trip's end, the
+    # worker's failure announcement), never read back from a message.
+    from types import SimpleNamespace
 
-    assert reason("fx-no-worker:compileq.fx.abc.cpu-avx2") is Reason.NO_WORKER
-    assert reason("fx-deadline") is Reason.DEADLINE
-    assert reason("fx-too-large") is Reason.SIZE_CAP
-    assert reason("fx-devices") is Reason.DEVICE
-    assert reason("fx-unserializable") is Reason.UNSERIALIZABLE
-    assert reason("fx-failed", "failed (RuntimeError: CUDA out of memory)") is Reason.WORKER_ERROR
-    assert reason("fx-failed", "failed (StandInCalled: codegen called __main__.f)") is (
-        Reason.UNIMPORTABLE
+    from compileq.fingerprint import fx_target, local_fx_toolchain
+    from compileq.tasks.queues import fx_queue
+
+    def reason(error: Callable[[], object]) -> Reason:
+        with pytest.raises(Fallback) as caught:
+            error()
+        return caught.value.reason
+
+    queue = fx_queue(local_fx_toolchain(None), fx_target(None, True))
+    unserved = SimpleNamespace(
+        redis_down=lambda: False,
+        release_orphans=lambda: None,
+        router=SimpleNamespace(has_worker=lambda q: False, why_unserved_fx=lambda t, c: "none"),
     )
+    gm = torch.fx.symbolic_trace(lambda x: x + 1)
+    with pytest.raises(Fallback) as caught:
+        remote.choose_route(unserved, gm, [torch.randn(2)])
+    assert caught.value.reason is Reason.NO_WORKER
+    assert caught.value.topic == f"no-worker:{queue}"  # said once per queue
+    key = keys.artifact("fx", "0" * 64)
+    job = roundtrip.Job(roundtrip.FX, key, queue, lambda: b"")
+    sent = roundtrip.Sent(sent=[key])
+    late = roundtrip.Waited(late=[key])
+    assert reason(lambda: roundtrip.output(job, sent, late, 60)) is Reason.DEADLINE
+    too_large = roundtrip.Sent(too_large={key: EntryTooLarge(key, 2, 1)})
+    nothing = roundtrip.Waited()
+    assert reason(lambda: roundtrip.output(job, too_large, nothing, 60)) is Reason.SIZE_CAP
+    on_meta = [torch.empty(2, device="meta")]
+    assert reason(lambda: remote.graph_devices(gm, on_meta)) is Reason.DEVICE
+    assert remote.unserializable("a lock").reason is Reason.UNSERIALIZABLE
+
+    def failed(error: BaseException) -> Reason:
+        # What a worker announces for a build that raised (workers/lifecycle.failed), read
+        # back from the channel as a client reads it.
+        announced = events.Done(
+            key, False, f"{type(error).__name__}: {error}", failure_reason(error)
+        )
+        done = events.parse(events.encode(announced))
+        assert done is not None
+        waited = roundtrip.Waited(failed={key: done})
+        return reason(lambda: roundtrip.output(job, sent, waited, 60))
+
+    assert failed(RuntimeError("CUDA out of memory")) is Reason.WORKER_ERROR
+    assert failed(StandInCalled("codegen called __main__.f")) is Reason.UNIMPORTABLE
+    wrapped = RuntimeError("lowering failed")  # as Inductor wraps what a lowering raised
+    wrapped.__cause__ = ModuleNotFoundError("No module named 'user_models'")
+    assert failed(wrapped) is Reason.UNIMPORTABLE
+    # An unknown or forged reason on the channel counts as the worker's own error.
+    forged = events.parse(json.dumps({"key": key, "ok": False, "error": "x", "reason": "nope"}))
+    assert forged is not None and forged.reason is Reason.WORKER_ERROR
 
 
 def test_what_a_graph_could_not_pickle_is_named_part_by_part() -> None:

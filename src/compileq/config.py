@@ -6,118 +6,35 @@ import functools
 import os
 import typing
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
+from typing import Annotated, Any
+from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BeforeValidator,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from redis.connection import parse_url
 
 from compileq._text import printable
+from compileq.early_settings import BOOLEAN, parse_bool
 from compileq.errors import ConfigError
-
-SENTINEL_SCHEME = "sentinel://"
-#: Sentinel's own port, kombu's default for a sentinel:// URL without one.
-SENTINEL_PORT = 26379
-#: TLS parameters a sentinel:// URL may carry (redis-py's names); any of them turns TLS on,
-#: for the Sentinels and the Redis servers they name alike.
-_TLS_PARAMS = ("ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
+from compileq.sentinel_url import SENTINEL_SCHEME, is_sentinel, parse_sentinel_url
 
 
-def is_sentinel(url: str | None) -> bool:
-    return bool(url) and str(url).startswith(SENTINEL_SCHEME)
+def _flag(value: object) -> object:
+    # A string (the environment's) by compileq's one rule (early_settings.parse_bool), which
+    # the start-up hook applies without pydantic; pydantic's own also takes t, f, y and n. A
+    # bool passed in code goes on to pydantic as it is.
+    return parse_bool(value) if isinstance(value, str) else value
 
 
-@dataclass(frozen=True)
-class SentinelUrl:
-    """What a ``sentinel://`` URL says, in kombu's form:
-    ``sentinel://[USER:PASSWORD@]HOST:PORT[;sentinel://HOST:PORT...]/DB[?ssl_...]``.
-
-    The credentials are the Redis servers' (master and replicas), as kombu reads them; the
-    Sentinels themselves are asked without a password. The DB and the query may be written
-    on any one part (kombu's documentation puts them last), or on several that agree.
-    """
-
-    sentinels: tuple[tuple[str, int], ...]
-    db: int
-    userinfo: str  # as written (still percent-encoded), for kombu's URL; "" without one
-    username: str | None
-    password: str | None
-    tls: tuple[tuple[str, str], ...]  # the TLS query parameters, as written
-
-    def kombu_url(self) -> str:
-        """The URL for kombu, which reads credentials and DB from the *first* part only
-        (checked in kombu 5.7's ``Connection``): each part here carries the DB, and the first
-        the credentials. TLS travels as ``broker_use_ssl``, not in the URL."""
-        login = f"{self.userinfo}@" if self.userinfo else ""
-        return ";".join(
-            f"{SENTINEL_SCHEME}{login if i == 0 else ''}{_netloc(host, port)}/{self.db}"
-            for i, (host, port) in enumerate(self.sentinels)
-        )
-
-
-def _netloc(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def parse_sentinel_url(url: str) -> SentinelUrl:
-    """Read a ``sentinel://`` URL; ValueError naming what is wrong, never quoting the URL
-    (it may hold a password)."""
-    sentinels: list[tuple[str, int]] = []
-    dbs: set[int] = set()
-    logins: set[str] = set()
-    tls: dict[str, str] = {}
-    for number, part in enumerate(url.split(";"), 1):
-        where = f"sentinel {number}"
-        if not part.startswith(SENTINEL_SCHEME):
-            raise ValueError(f"{where}: expected sentinel://HOST:PORT (parts joined by ';')")
-        split = urlsplit(part)
-        try:
-            port = split.port or SENTINEL_PORT
-        except ValueError:
-            raise ValueError(f"{where}: expected a port that is a number from 0 to 65535") from None
-        if not split.hostname:
-            raise ValueError(f"{where}: expected a host (sentinel://HOST:PORT)")
-        sentinels.append((split.hostname, port))
-        path = split.path.strip("/")
-        if path:
-            if not path.isdigit():
-                raise ValueError(f"{where}: expected /DB to be a database number")
-            dbs.add(int(path))
-        if "@" in split.netloc:
-            logins.add(split.netloc.rpartition("@")[0])
-        for name, value in parse_qsl(split.query, keep_blank_values=True):
-            if name not in _TLS_PARAMS:
-                raise ValueError(
-                    f"{where}: unknown parameter {name!r} (a sentinel:// URL takes only "
-                    f"{', '.join(_TLS_PARAMS)})"
-                )
-            if tls.setdefault(name, value) != value:
-                raise ValueError(f"{where}: {name} differs from an earlier part's")
-        if split.fragment:
-            raise ValueError(f"{where}: unexpected '#' (percent-encode it in a password)")
-    if len(dbs) > 1:
-        raise ValueError("the parts name different databases; write /DB once, at the end")
-    if len(logins) > 1:
-        raise ValueError("the parts carry different credentials; write USER:PASSWORD@ once")
-    userinfo = next(iter(logins), "")
-    user, _, password = userinfo.partition(":")
-    if tls:
-        # Read as redis-py reads a rediss:// URL's, so a bad value fails here, not later.
-        query = "&".join(f"{k}={v}" for k, v in tls.items())
-        try:
-            parse_url(f"rediss://localhost/0?{query}")  # type: ignore[no-untyped-call]
-        except ValueError as e:
-            raise ValueError(f"expected TLS parameters redis-py can read ({e})") from None
-    return SentinelUrl(
-        sentinels=tuple(sentinels),
-        db=next(iter(dbs), 0),
-        userinfo=userinfo,
-        username=unquote(user) or None,
-        password=unquote(password) if ":" in userinfo else None,
-        tls=tuple(tls.items()),
-    )
+#: The type of every boolean setting.
+Flag = Annotated[bool, BeforeValidator(_flag)]
 
 
 class Settings(BaseSettings):
@@ -153,51 +70,60 @@ class Settings(BaseSettings):
     retry_after_s: float = Field(
         15.0, gt=0, description="After Redis fails, compile locally this long before trying again."
     )
-    enabled: bool = Field(True, description="COMPILEQ_ENABLED=0 makes install() a no-op.")
-    graph_cache: bool = Field(
+    enabled: Flag = Field(
+        True,
+        description="COMPILEQ_ENABLED=0 makes install() a no-op, and `compileq run`'s start-up "
+        "hook do nothing (it reads this through early_settings, without pydantic).",
+    )
+    graph_cache: Flag = Field(
         True,
         description="Serve Inductor's FX-graph, AOTAutograd, autotune and C++ caches, and Triton's C "
         "modules, from Redis.",
     )
 
-    tune_on_workers: bool = Field(
+    tune_on_workers: Flag = Field(
         True,
         description="max-autotune: store Triton candidates' timings for the cluster, and have a "
         "process that generates its own graphs send the candidates to GPU workers of its GPU "
         "model (see inductor/autotune.py).",
     )
 
-    fx: bool = Field(
+    fx: Flag = Field(
         False,
         description="Generate FX graphs' code on workers (`compileq run` turns it on; see --no-fx).",
     )
-    profiles: bool = Field(
+    profiles: Flag = Field(
         False,
         description="Save each job's compiled artifacts as its profile at exit, and fetch the "
         "profile while a new process imports (see inductor/profiles.py). Opt-in: measured on "
         "CPU and H100, a profile gains nothing yet over compileq's remote lookups.",
     )
-    ddp_aot_cache: bool = Field(
+    job_id: str | None = Field(
+        None,
+        description="Names the job whose profile a process saves and loads, in place of the "
+        "script, its content and its non-path arguments (see inductor/profiles.py).",
+    )
+    ddp_aot_cache: Flag = Field(
         True,
         description="With graph_cache: serve DDPOptimizer's subgraphs from AOTAutograd's cache, "
         "which stock torch bypasses for them (see codegen/ddp_aot.py).",
     )
-    index_free_keys: bool = Field(
+    index_free_keys: Flag = Field(
         True,
         description="With graph_cache: key Inductor's FX-graph and AOTAutograd entries as for "
         "cuda:0, so every GPU index shares one entry per graph (see inductor/index_free.py).",
     )
-    gc_window: bool = Field(
+    gc_window: Flag = Field(
         True,
         description="Keep Python's full garbage collections off the objects that exist before "
         "each compile, for the compile's length (see inductor/gc_window.py).",
     )
-    speculate: bool = Field(
+    speculate: Flag = Field(
         True,
         description="With fx: send a training graph's backward to the workers when AOTAutograd "
         "partitions it, beside its forward, not at its first backward call.",
     )
-    defer_forwards: bool = Field(
+    defer_forwards: Flag = Field(
         True,
         description="With fx: under DDP, let each subgraph's forward compile go on while its "
         "worker generates it, and load them all at the end of the frame's compile.",
@@ -210,7 +136,7 @@ class Settings(BaseSettings):
         "assemblers inherit it): on a GPU node, the training processes' own tracing is the "
         "critical path, and the worker yields them the CPUs. 0 leaves it as started.",
     )
-    keep_stack_chunks: bool = Field(
+    keep_stack_chunks: Flag = Field(
         True,
         description="Keep the chunks of Python's frame stack that a compile frees, instead of "
         "unmapping and mapping them again at every call across a chunk's boundary "
@@ -228,7 +154,7 @@ class Settings(BaseSettings):
         "free for the training processes; unset: one per GPU it serves (none with "
         "--cpu-only). See workers/cpus.py.",
     )
-    cpp_fanout: bool = Field(
+    cpp_fanout: Flag = Field(
         True,
         description="Send a C++ object Inductor must build to a worker with the same compiler, "
         "torch and CPU (any node), and build it here only if none can.",
@@ -356,7 +282,7 @@ def _redact_one(url: str) -> str:
 _EXPECTED = {
     float: "a number",
     int: "a whole number",
-    bool: "a boolean (1, 0, true, false, yes, no, on or off)",
+    bool: BOOLEAN,
     str: "a string",
 }
 _URL_FIELDS = ("redis_url", "broker_url")

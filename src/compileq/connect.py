@@ -17,8 +17,9 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
-from compileq.config import SentinelUrl, Settings, is_sentinel, parse_sentinel_url
+from compileq.config import Settings
 from compileq.errors import ConfigError
+from compileq.sentinel_url import SentinelUrl, is_sentinel, parse_sentinel_url
 
 
 def redis_client(

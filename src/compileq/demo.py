@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import secrets
 import subprocess
 import sys
@@ -115,8 +114,9 @@ def _measure(progress: _Progress) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="compileq-demo-")))
         gpu = _has_gpu()
-        if os.environ.get("COMPILEQ_REDIS_URL"):
-            settings = get_settings()
+        configured = get_settings()
+        if "redis_url" in configured.model_fields_set:  # COMPILEQ_REDIS_URL names a cluster
+            settings = configured
             settings.secret_bytes()
             where = f"the cluster at {settings.redis_display}"
         else:

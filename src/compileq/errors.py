@@ -47,10 +47,6 @@ class ToolchainMismatch(CompileqError):
     """A worker was asked to build a key its own toolchain would not produce."""
 
 
-class RemoteCompileError(CompileqError):
-    """A worker failed to build a kernel; the client compiles it locally instead."""
-
-
 class WorkerError(CompileqError):
     """A worker process could not start (no GPU found, bad flags)."""
 

@@ -1,32 +1,141 @@
-"""``compileq.install()``: put compileq's pool where Inductor looks for its process pool."""
+"""``compileq.install()``: compileq's features, one ordered list, switched on in this process.
+
+Each entry of :data:`FEATURES` is a ``hooks.feature.Feature``: it says when it is wanted (from
+the settings, on a worker or a client, with FX codegen on workers or not), enables itself,
+finishes its hooks after a late import, and disables itself. ``install()`` walks the list top
+to bottom, the same way at every call: a feature now wanted and off is enabled, one wanted and
+on is hooked again (``compileq run`` calls install() a second time once ``compile_fx`` has
+loaded, see ``_boot/sitecustomize.py``), one on and no longer wanted (``install(fx=True)`` then
+``install(fx=False)``) is disabled. ``uninstall()`` walks it bottom to top. What each feature
+replaced in torch is in the one ledger (``hooks/ledger.py``), which puts back the true original
+whatever order features go in.
+
+Rejected alternative: a registry each module adds itself to at import. The order would be the
+order of imports, which ``compileq run`` does not control (it installs while torch is still
+loading), and nobody could read it in one place.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
 from compileq import fingerprint, stack_chunks
 from compileq._log import log, warn_once
-from compileq.cache.counters import Counter
-from compileq.codegen import deferred, remote, speculative
+from compileq.codegen import ddp_aot, deferred, remote, speculative
 from compileq.config import Settings, get_settings
 from compileq.errors import ConfigError
-from compileq.inductor import autotune
+from compileq.hooks.feature import Context, Feature
+from compileq.inductor import (
+    autotune,
+    cpp_cache,
+    cpp_fanout,
+    gc_window,
+    graph_cache,
+    index_free,
+    profiles,
+    triton_modules,
+)
 from compileq.scheduler import boundary
 from compileq.scheduler.client import KernelClient
 from compileq.scheduler.local import LocalBuilder
 from compileq.scheduler.pool import CompileqPool
 
 
+class KeepStackChunks(Feature):
+    """Python's freed frame-stack chunks kept for reuse (``stack_chunks``). Not undone: the
+    allocator stays swapped for the process's life, and keeps nothing torch can see."""
+
+    name = "stack-chunks"
+
+    def wanted(self, ctx: Context) -> bool:
+        return ctx.settings.keep_stack_chunks
+
+    def enable(self, ctx: Context) -> None:
+        stack_chunks.keep()
+
+
+class ProcessPool(Feature):
+    """compileq's pool where Inductor looks for its process pool: the feature everything else
+    rides on, so first on and last off."""
+
+    name = "process-pool"
+
+    def enable(self, ctx: Context) -> None:
+        from torch._inductor import config
+        from torch._inductor.async_compile import AsyncCompile, get_compile_threads
+
+        pool: CompileqPool = ctx.pool
+
+        @functools.lru_cache(1)  # Inductor calls process_pool.cache_clear() after a fork
+        def process_pool() -> CompileqPool:
+            return pool
+
+        self.patches.set(AsyncCompile, "process_pool", staticmethod(process_pool))
+        AsyncCompile._ready_future = None
+        # With one compile thread Inductor never uses a pool; compileq's pool costs no CPU
+        # here, so allow the parallel path even on a one-core client.
+        if get_compile_threads() <= 1:
+            self.patches.set(config, "compile_threads", 2)
+
+    def disable(self) -> None:
+        from torch._inductor.async_compile import AsyncCompile
+
+        super().disable()
+        AsyncCompile._ready_future = None
+
+
+class InductorKeys(Feature):
+    """Inductor's torch_key and triton_key from compileq's on-disk memo (the first compile does
+    not hash torch's and Triton's files again), and Triton pointed at torch's ptxas. Not
+    undone: a seeded key is the value Inductor would compute, and torch's cache of it has no
+    way back."""
+
+    name = "inductor-keys"
+
+    def enable(self, ctx: Context) -> None:
+        fingerprint.seed_inductor_keys()
+        fingerprint.use_torch_ptxas()
+
+
+def _remote_fx_compile() -> type:
+    """The class FX codegen goes to workers through; ``codegen.scheme`` imports
+    ``compile_fx_ext``, so it is imported only once ``compile_fx`` has loaded."""
+    from compileq.codegen.scheme import RemoteFxCompile
+
+    return RemoteFxCompile
+
+
+#: Every feature, in the order install() enables them (uninstall() disables them backwards).
+FEATURES: tuple[Feature, ...] = (
+    KeepStackChunks(),  # keep_stack_chunks
+    ProcessPool(),  # always: Triton builds through the cluster
+    graph_cache.FEATURE,  # graph_cache: Inductor's remote caches in the store
+    triton_modules.FEATURE,  # graph_cache: Triton's C modules in the store
+    cpp_cache.FEATURE,  # graph_cache: C++ objects and ISA probes in the store
+    cpp_fanout.FEATURE,  # graph_cache, cpp_fanout: C++ misses built by workers
+    ddp_aot.FEATURE,  # graph_cache, ddp_aot_cache; clients: DDP subgraphs cached
+    index_free.FEATURE,  # graph_cache, index_free_keys; clients: one entry for every GPU index
+    InductorKeys(),  # always: torch_key and triton_key seeded, torch's ptxas
+    gc_window.FEATURE,  # gc_window; clients: no full collections over a compile
+    profiles.FEATURE,  # profiles; clients: the job's profile loaded and saved
+    autotune.FEATURE,  # tune_on_workers: autotuning timings shared and taken by GPU workers
+    remote.FEATURE.using(_remote_fx_compile),  # fx; clients: FX codegen on workers
+    speculative.FEATURE,  # fx, speculate; clients: backwards sent with their forwards
+    deferred.FEATURE,  # fx, defer_forwards; clients: DDP forwards generated side by side
+)
+
+
 @dataclass
 class _Installed:
-    original: Any  # the staticmethod object AsyncCompile had
-    pool: CompileqPool
-    fx: bool
+    ctx: Context
+    #: The features install() enabled, to disable on uninstall() (enabled ones first in line:
+    #: one whose enable raised half-way is on it too, so that its half is undone).
+    on: list[Feature] = field(default_factory=list)
 
 
 _installed: _Installed | None = None
@@ -60,8 +169,10 @@ def install(
     built in place and stored; either way they count as remote builds.
 
     Never raises: with a missing secret or a bad setting compileq stays off and says why,
-    once; without Redis or workers it builds locally. Safe to call twice; a second call finishes
-    the FX hook if the first came while ``compile_fx`` was still loading.
+    once; without Redis or workers it builds locally. Safe to call again: a later call finishes
+    the hooks whose module was still loading at the first (``compileq run``), and switches
+    features on or off as its settings and ``fx`` now want them. The first call's client (its
+    Redis, its ``on_worker``) stays for the process's life.
     """
     global _installed
     try:
@@ -73,141 +184,70 @@ def install(
         return False
     want_fx = settings.fx if fx is None else fx
     with _lock:
-        if _installed is not None:
-            if _installed.fx:
-                remote.enable(_installed.pool.client)
-                if settings.speculate:
-                    speculative.enable()
-                if settings.defer_forwards:
-                    deferred.enable(functools.partial(_count, _installed.pool.client))
-            if settings.graph_cache:
-                from compileq.inductor import graph_cache
-
-                graph_cache.hook_compile_fx()
-                from compileq.codegen import ddp_aot
-
-                ddp_aot.hook()  # nothing unless the first call enabled it
-                from compileq.inductor import index_free
-
-                index_free.hook()  # nothing unless the first call enabled it
-            from compileq.inductor import profiles
-
-            profiles.hook_compile_fx()
-            return True
-        if settings.keep_stack_chunks:
-            stack_chunks.keep()
-        from torch._inductor import config
-        from torch._inductor.async_compile import AsyncCompile, get_compile_threads
-
-        try:
-            original = AsyncCompile.__dict__["process_pool"]
-            stock = original.__func__
-            client = KernelClient(settings, LocalBuilder(stock), on_worker=on_worker)
-        except ConfigError as e:
-            warn_once("config", "compileq: not installed: %s", e)
-            return False
-        pool = CompileqPool(client, stock)
-        boundary.count_with(lambda counts, records: client.store.count(counts, None, records))
-
-        @functools.lru_cache(1)  # Inductor calls process_pool.cache_clear() after a fork
-        def process_pool() -> CompileqPool:
-            return pool
-
-        AsyncCompile.process_pool = staticmethod(process_pool)  # type: ignore[method-assign,assignment]
-        # Recorded at once, so that uninstall() can undo a partial install (boundary.guard).
-        _installed = _Installed(original, pool, False)
-        if settings.graph_cache:
-            from compileq.inductor import cpp_cache, graph_cache, triton_modules
-
-            graph_cache.enable(client.store, settings.deadline_s)
-            triton_modules.enable(client.store)
-            built = (
-                Counter.CPP_REMOTE_COMPILES if on_worker is not None else Counter.CPP_LOCAL_COMPILES
-            )
-            cpp_cache.enable(client.store, built)
-            if settings.cpp_fanout:
-                from compileq.inductor import cpp_fanout
-
-                cpp_fanout.enable(client, on_worker)
-            if settings.ddp_aot_cache and on_worker is None:
-                from compileq.codegen import ddp_aot
-
-                ddp_aot.enable(client.store)
-            if settings.index_free_keys and on_worker is None:
-                from compileq.inductor import index_free
-
-                index_free.enable()
-        # Inductor's torch_key and triton_key from compileq's on-disk memo: the first compile
-        # does not hash torch's and Triton's files again.
-        fingerprint.seed_inductor_keys()
-        fingerprint.use_torch_ptxas()
-        if settings.gc_window and on_worker is None:
-            from compileq.inductor import gc_window
-
-            gc_window.enable()
-        if settings.profiles and on_worker is None:
-            from compileq.inductor import profiles
-
-            profiles.enable(client.store)
-        if settings.tune_on_workers:
-            autotune.enable(client)
-        if want_fx and on_worker is None:
-            remote.enable(client)
-            if settings.speculate:
-                speculative.enable()
-            if settings.defer_forwards:
-                deferred.enable(functools.partial(_count, client))
-        AsyncCompile._ready_future = None
-        # With one compile thread Inductor never uses a pool; compileq's pool costs no CPU
-        # here, so allow the parallel path even on a one-core client.
-        if get_compile_threads() <= 1:
-            config.compile_threads = 2
-        _installed.fx = want_fx and on_worker is None
-    log.info("compileq: installed (redis %s%s)", settings.redis_display, ", FX" if want_fx else "")
+        first = _installed is None
+        if _installed is None:
+            ctx = _context(settings, want_fx, on_worker)
+            if ctx is None:
+                return False
+            _installed = _Installed(ctx)
+        else:
+            ctx = dataclasses.replace(_installed.ctx, settings=settings, fx=want_fx)
+            _installed.ctx = ctx
+        _walk(_installed, ctx)
+        fx_on = remote.FEATURE in _installed.on
+    if first:
+        log.info(
+            "compileq: installed (redis %s%s)", settings.redis_display, ", FX" if fx_on else ""
+        )
     return True
 
 
-def _count(client: KernelClient, counter: Counter) -> None:
+def _context(settings: Settings, fx: bool, on_worker: Callable[[], bool] | None) -> Context | None:
+    """The client and pool every feature shares; None (compileq stays off) for a bad setting."""
+    from torch._inductor.async_compile import AsyncCompile
+
+    stock = AsyncCompile.__dict__["process_pool"].__func__
     try:
-        client.store.count({counter: 1})
-    except Exception as e:  # a count may be lost, never a compile
-        log.debug("compileq: %s not counted (%s)", counter.value, e)
+        client = KernelClient(settings, LocalBuilder(stock), on_worker=on_worker)
+    except ConfigError as e:
+        warn_once("config", "compileq: not installed: %s", e)
+        return None
+    boundary.count_with(lambda counts, records: client.store.count(counts, None, records))
+    return Context(settings, client, on_worker, fx, CompileqPool(client, stock))
+
+
+def _walk(installed: _Installed, ctx: Context) -> None:
+    """Each feature as ``ctx`` wants it: enabled, hooked again, or disabled."""
+    for feature in FEATURES:
+        wanted, on = feature.wanted(ctx), feature in installed.on
+        if wanted and not on:
+            installed.on.append(feature)
+            feature.enable(ctx)
+        elif wanted:
+            feature.hook()
+        elif on:
+            installed.on.remove(feature)
+            feature.disable()
 
 
 def uninstall() -> None:
-    """Give Inductor its own process pool back."""
+    """Give Inductor its own process pool back, and torch every function compileq wrapped."""
     global _installed
     with _lock:
         if _installed is None:
             return
-        from torch._inductor.async_compile import AsyncCompile
-
-        AsyncCompile.process_pool = _installed.original  # type: ignore[method-assign]
-        from compileq.codegen import ddp_aot
-        from compileq.inductor import (
-            cpp_cache,
-            cpp_fanout,
-            gc_window,
-            graph_cache,
-            index_free,
-            triton_modules,
-        )
-
-        gc_window.disable()
-        autotune.disable()
-        triton_modules.disable()
-        ddp_aot.disable()
-        index_free.disable()
-        remote.disable()
-        speculative.disable()
-        deferred.disable()
-        graph_cache.disable()
-        cpp_cache.disable()
-        cpp_fanout.disable()
-        AsyncCompile._ready_future = None
-        _installed.pool.shutdown()
-        _installed = None
+        installed, _installed = _installed, None
+        for feature in reversed(FEATURES):
+            if feature in installed.on:
+                try:
+                    feature.disable()
+                except Exception as e:  # the others still go
+                    log.warning("compileq: %s not disabled cleanly (%s)", feature.name, e)
+        installed.ctx.pool.shutdown()
 
 
 def installed_pool() -> CompileqPool | None:
-    return None if _installed is None else _installed.pool
+    if _installed is None:
+        return None
+    pool: CompileqPool = _installed.ctx.pool
+    return pool

@@ -31,9 +31,9 @@ def main() -> None:
         # The predicate depends on data, so the compiled graph holds both branches.
         inputs = [torch.randn(8, 16), -torch.randn(8, 16) * 3]
         same = all(torch.allclose(compiled(x), model(x), atol=1e-5) for x in inputs)
-    import compileq.scheduler as sched
+    import compileq.features as features
 
-    print(json.dumps({"matches_eager": same, "compileq": sched.installed_pool() is not None}))
+    print(json.dumps({"matches_eager": same, "compileq": features.installed_pool() is not None}))
 
 
 if __name__ == "__main__":

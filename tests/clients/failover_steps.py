@@ -42,9 +42,9 @@ def main() -> None:
     if "--pause" in sys.argv[3:]:
         sys.stdin.readline()
     results["second"] = step(second)
-    import compileq.scheduler as sched
+    import compileq.features as features
 
-    print(json.dumps({**results, "compileq": sched.installed_pool() is not None}), flush=True)
+    print(json.dumps({**results, "compileq": features.installed_pool() is not None}), flush=True)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ def main() -> None:
         torch.allclose(p.grad, q.grad, atol=1e-4)
         for p, q in zip(model.parameters(), reference.parameters(), strict=True)
     )
-    import compileq.scheduler as sched
+    import compileq.features as sched
 
     print(json.dumps({"matches_eager": same, "compileq": sched.installed_pool() is not None}))
 

@@ -43,9 +43,9 @@ def main() -> None:
             torch.allclose(p, q, atol=1e-6)
             for p, q in zip(model.parameters(), reference.parameters(), strict=True)
         )
-    import compileq.scheduler as sched
+    import compileq.features as features
 
-    print(json.dumps({"matches_eager": same, "compileq": sched.installed_pool() is not None}))
+    print(json.dumps({"matches_eager": same, "compileq": features.installed_pool() is not None}))
 
 
 if __name__ == "__main__":

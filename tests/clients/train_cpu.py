@@ -32,14 +32,14 @@ def main() -> None:
         torch.allclose(p.grad, g, atol=1e-5)
         for p, g in zip(model.parameters(), eager_grads, strict=True)
     )
-    import compileq.scheduler as sched
+    import compileq.features as features
 
     print(
         json.dumps(
             {
                 "matches_eager": same,
                 "first_call_s": first_call_s,
-                "compileq": sched.installed_pool() is not None,
+                "compileq": features.installed_pool() is not None,
             }
         )
     )

@@ -81,9 +81,19 @@ def _inductor_helper() -> bool:
     return any(arg.replace(os.sep, "/").endswith(_INDUCTOR_HELPERS) for arg in argv[1:] if arg)
 
 
-if os.environ.get("COMPILEQ_ENABLED", "1") not in ("0", "false", "False") and not (
-    _inductor_helper()
-):
+def _enabled() -> bool:
+    """``COMPILEQ_ENABLED`` by Settings' own rule (``compileq.early_settings``), read without
+    Settings: pydantic and redis-py would cost every process of the job about 0.45 s."""
+    try:
+        from compileq.early_settings import env_flag
+
+        return env_flag("enabled")
+    except Exception as e:  # a bad value, which install() would refuse too; never break the program
+        print(f"compileq: not installed: {e}", file=sys.stderr)
+        return False
+
+
+if not _inductor_helper() and _enabled():
     sys.meta_path.insert(0, _InstallWhenInductorLoads())
     try:  # the job's profile starts coming while this process imports torch
         from compileq.inductor import profiles

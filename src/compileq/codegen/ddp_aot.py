@@ -43,7 +43,7 @@ from compileq import keys
 from compileq._log import log, warn_once
 from compileq.cache.counters import Counter
 from compileq.codegen import deferred
-from compileq.hooks.ledger import Patches
+from compileq.hooks.feature import Context, Feature
 from compileq.inductor import index_free
 
 KIND = "aotddp"
@@ -60,8 +60,6 @@ _HOOKS = (
 )
 
 _thread = threading.local()
-_store: Any = None
-_patches = Patches("DDP subgraphs stay uncached")
 
 
 @dataclass
@@ -74,35 +72,63 @@ class _Subgraph:
     entry: Any = None
 
 
+class DdpAot(Feature):
+    """Serve DDPOptimizer's subgraphs from AOTAutograd's cache (in a client: a worker's own
+    codegen compiles no DDP frame)."""
+
+    name = "ddp-aot"
+    without = "DDP subgraphs stay uncached"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.store: Any = None
+
+    def wanted(self, ctx: Context) -> bool:
+        settings = ctx.settings
+        return settings.graph_cache and settings.ddp_aot_cache and not ctx.in_worker
+
+    def imports(self) -> dict[str, Callable[[Any], None]]:
+        return {_CACHE: self._patch_cache, _WRAPPERS: self._patch_wrappers}
+
+    def enable(self, ctx: Context) -> None:
+        self.start(ctx.store)
+
+    def start(self, store: Any) -> None:
+        """``enable`` with only what it needs (tests call it so)."""
+        self.store = store
+        self.hook()
+
+    def disable(self) -> None:
+        super().disable()
+        self.store = None
+
+    def complete(self) -> bool:
+        """Whether every function is wrapped: a lookup is changed only then."""
+        return self.patches.all_of(_HOOKS)
+
+    def _patch_cache(self, module: Any) -> None:
+        cache = getattr(module, "AOTAutogradCache", None)
+        if cache is None:
+            return  # still loading (see import_hooks.after_import), or another layout
+        self.patches.wrap_static(cache, "try_load", _try_load)
+        self.patches.wrap_static(cache, "_lookup", _lookup)
+
+    def _patch_wrappers(self, module: Any) -> None:
+        fakified = getattr(module, "FakifiedOutWrapper", None)
+        if fakified is not None:
+            self.patches.wrap(fakified, "post_compile", _post_compile)
+
+
+FEATURE = DdpAot()
+
+
 def enable(store: Any) -> None:
-    global _store
-    _store = store
-    _patches.enable({_CACHE: _patch_cache, _WRAPPERS: _patch_wrappers})
-
-
-def hook() -> None:
-    """Wrap AOTAutograd's functions again if enabled (install()'s second call)."""
-    _patches.hook()
+    """The feature on by itself, outside ``install()`` (for tests)."""
+    FEATURE.start(store)
 
 
 def disable() -> None:
-    global _store
-    _patches.undo()
-    _store = None
-
-
-def _patch_cache(module: Any) -> None:
-    cache = getattr(module, "AOTAutogradCache", None)
-    if cache is None:
-        return  # still loading (see import_hooks.after_import), or another layout
-    _patches.wrap_static(cache, "try_load", _try_load)
-    _patches.wrap_static(cache, "_lookup", _lookup)
-
-
-def _patch_wrappers(module: Any) -> None:
-    fakified = getattr(module, "FakifiedOutWrapper", None)
-    if fakified is not None:
-        _patches.wrap(fakified, "post_compile", _post_compile)
+    FEATURE.disable()
 
 
 def _try_load(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -111,7 +137,7 @@ def _try_load(original: Callable[..., Any]) -> Callable[..., Any]:
 
     def try_load(*args: Any, **kwargs: Any) -> Any:
         context = _ddp_subgraph_context()
-        if context is None or _store is None or not _patches.all_of(_HOOKS):
+        if context is None or FEATURE.store is None or not FEATURE.complete():
             # All or nothing: a subgraph loaded without its first call's fake outputs would
             # run its kernels on fake tensors.
             return original(*args, **kwargs)
@@ -272,7 +298,7 @@ def _post_compile(original: Callable[..., Any]) -> Callable[..., Any]:
         # A forward whose worker is still generating it: its outputs are recorded only once
         # its real strides are known to be the ones returned (see codegen/deferred.py).
         forward = deferred.just_deferred()
-        if getattr(self, "needs_post_compile", False) and _store is not None:
+        if getattr(self, "needs_post_compile", False) and FEATURE.store is not None:
             record = functools.partial(_record_safely, aot_config, list(self.out_metas))
             if forward is None:
                 record()
@@ -304,13 +330,16 @@ def _record(aot_config: Any, fakes: list[Any]) -> None:
             return
         if found:
             described = _moved(described, found.pop() or 0, 0)
-    if described is not None and _store.put(_record_key(key), json.dumps(described).encode()):
+    store = FEATURE.store
+    if store is None:
+        return
+    if described is not None and store.put(_record_key(key), json.dumps(described).encode()):
         _count(Counter.DDP_SUBGRAPH_RECORDS)
 
 
 def _count(counter: Counter) -> None:
     try:
-        _store.count({counter: 1})
+        FEATURE.store.count({counter: 1})
     except Exception as e:  # a count may be lost, never the compile
         log.debug("compileq: not counted (%s)", e)
 
@@ -356,10 +385,11 @@ def _describe(fakes: list[Any]) -> list[Any] | None:
 def _outputs(aot_key: str, example_inputs: Any) -> list[Any] | None:
     """The stored outputs of the subgraph with this key, checked, on the example inputs' GPU
     where the key is one for every index (``index_free``); None if absent or bad."""
-    if _store is None:
+    store = FEATURE.store
+    if store is None:
         return None
     try:
-        entry = _store.get_many([_record_key(aot_key)])[0]
+        entry = store.get_many([_record_key(aot_key)])[0]
         if entry is None:
             return None
         payload = entry.payload()

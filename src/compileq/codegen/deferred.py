@@ -49,18 +49,12 @@ from typing import Any
 
 from compileq._log import log, warn_once
 from compileq.cache.counters import Counter
-from compileq.hooks import import_hooks
+from compileq.hooks.feature import Context, Feature
 
 _DISTRIBUTED = "torch._dynamo.backends.distributed"
 _CODECACHE = "torch._inductor.codecache"
 _GRAPH_COMPILE = "torch._functorch._aot_autograd.graph_compile"
 _thread = threading.local()
-#: Set after a misprediction: this process compiles its DDP forwards as stock from then on.
-_off = False
-_count: Callable[[Counter], None] = lambda counter: None  # noqa: E731
-_original_compile_fn: Callable[..., Any] | None = None
-_original_save: Any = None
-_original_bw_compile: Callable[..., Any] | None = None
 
 
 class Saved:
@@ -177,7 +171,7 @@ class Forward:
         if differ:
             if self.saved is None or not self.saved.restride(differ):
                 return False
-            _count(Counter.DDP_SAVED_RESTRIDED)
+            FEATURE.count(Counter.DDP_SAVED_RESTRIDED)
         for fn in self._when_verified:
             fn()
         return True
@@ -220,7 +214,7 @@ def assumed(
     comes (``assumed_strides``); None where it must wait for it (see the module)."""
     import torch
 
-    if _off or getattr(_thread, "batch", None) is None:
+    if FEATURE.off or getattr(_thread, "batch", None) is None:
         return None
     if graph_kwargs.get("is_backward") or graph_kwargs.get("cpp_wrapper"):
         return None
@@ -241,7 +235,7 @@ def defer(fetch: Callable[[], Any], strides: list[tuple[int, ...] | None]) -> Fo
     _thread.batch.append(forward)
     _thread.last = forward
     _thread.awaiting_backward = forward
-    _count(Counter.DDP_FORWARDS_DEFERRED)
+    FEATURE.count(Counter.DDP_FORWARDS_DEFERRED)
     return forward
 
 
@@ -256,57 +250,64 @@ def just_deferred() -> Forward | None:
 # -- install ----------------------------------------------------------------------------------
 
 
-def enable(count: Callable[[Counter], None]) -> None:
+class Deferred(Feature):
     """Defer DDP subgraphs' forwards, from the next DDPOptimizer compile on."""
-    global _count
-    _count = count
-    import_hooks.after_import(_DISTRIBUTED, _patch_ddp)
-    import_hooks.after_import(_CODECACHE, _patch_save)
-    import_hooks.after_import(_GRAPH_COMPILE, _patch_bw_compile)
+
+    name = "deferred"
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: Set after a misprediction: this process compiles its DDP forwards as stock from
+        #: then on (until disabled).
+        self.off = False
+        self._client: Any = None
+
+    def wanted(self, ctx: Context) -> bool:
+        return ctx.fx and ctx.settings.defer_forwards and not ctx.in_worker
+
+    def imports(self) -> dict[str, Callable[[Any], None]]:
+        return {
+            _DISTRIBUTED: self._patch_ddp,
+            _CODECACHE: self._patch_save,
+            _GRAPH_COMPILE: self._patch_bw_compile,
+        }
+
+    def enable(self, ctx: Context) -> None:
+        self._client = ctx.client
+        super().enable(ctx)
+
+    def disable(self) -> None:
+        super().disable()
+        self._client, self.off = None, False
+
+    def count(self, counter: Counter) -> None:
+        """Count one ``counter`` in the store; a count may be lost, never a compile."""
+        client = self._client
+        if client is None:
+            return
+        try:
+            client.store.count({counter: 1})
+        except Exception as e:
+            log.debug("compileq: %s not counted (%s)", counter.value, e)
+
+    def _patch_ddp(self, module: Any) -> None:
+        optimizer = getattr(module, "DDPOptimizer", None)
+        if optimizer is not None:
+            self.patches.wrap(optimizer, "compile_fn", _compile_fn)
+
+    def _patch_save(self, module: Any) -> None:
+        cache = getattr(module, "FxGraphCache", None)
+        if cache is not None:
+            self.patches.wrap_static(cache, "_save_graph", _save_graph)
+
+    def _patch_bw_compile(self, module: Any) -> None:
+        if hasattr(module, "_aot_stage2b_bw_compile"):
+            self.patches.wrap(
+                module, "_aot_stage2b_bw_compile", functools.partial(_bw_compile, module)
+            )
 
 
-def disable() -> None:
-    import sys
-
-    global _original_compile_fn, _original_save, _original_bw_compile, _off
-    ddp: Any = sys.modules.get(_DISTRIBUTED)
-    if ddp is not None and _original_compile_fn is not None:
-        ddp.DDPOptimizer.compile_fn = _original_compile_fn
-    codecache: Any = sys.modules.get(_CODECACHE)
-    if codecache is not None and _original_save is not None:
-        codecache.FxGraphCache._save_graph = _original_save
-    graph_compile: Any = sys.modules.get(_GRAPH_COMPILE)
-    if graph_compile is not None and _original_bw_compile is not None:
-        graph_compile._aot_stage2b_bw_compile = _original_bw_compile
-    _original_compile_fn = _original_save = _original_bw_compile = None
-    _off = False
-
-
-def _patch_ddp(module: Any) -> None:
-    global _original_compile_fn
-    optimizer = getattr(module, "DDPOptimizer", None)
-    if optimizer is None or _original_compile_fn is not None:
-        return
-    _original_compile_fn = optimizer.compile_fn
-    optimizer.compile_fn = _compile_fn(optimizer.compile_fn)
-
-
-def _patch_save(module: Any) -> None:
-    global _original_save
-    cache = getattr(module, "FxGraphCache", None)
-    if cache is None or _original_save is not None:
-        return
-    _original_save = cache.__dict__["_save_graph"]
-    cache._save_graph = staticmethod(_save_graph)
-
-
-def _patch_bw_compile(module: Any) -> None:
-    global _original_bw_compile
-    original = getattr(module, "_aot_stage2b_bw_compile", None)
-    if original is None or _original_bw_compile is not None:
-        return
-    _original_bw_compile = original
-    module._aot_stage2b_bw_compile = _bw_compile(module, original)
+FEATURE = Deferred()
 
 
 def _bw_compile(module: Any, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -335,27 +336,30 @@ def _bw_compile(module: Any, original: Callable[..., Any]) -> Callable[..., Any]
     return bw_compile
 
 
-def _save_graph(key: str, graph: Any, *args: Any, **kwargs: Any) -> None:
+def _save_graph(save: Callable[..., Any]) -> Callable[..., None]:
     """Inductor's FX-cache put; a deferred forward's happens once its graph is loaded."""
-    from compileq.codegen import remote
 
-    save = _original_save.__func__
-    if not isinstance(graph, Forward):
-        save(key, graph, *args, **kwargs)
-        return
-    remote.generated_remotely()  # the mark is for the put that now comes later
+    def save_graph(key: str, graph: Any, *args: Any, **kwargs: Any) -> None:
+        from compileq.scheduler import remote_mark
 
-    def put(real: Any) -> None:
-        remote.mark_remote(True)  # generated by a worker: its put only shares it
-        save(key, real, *args, **kwargs)
+        if not isinstance(graph, Forward):
+            save(key, graph, *args, **kwargs)
+            return
+        remote_mark.generated_remotely()  # the mark is for the put that now comes later
 
-    graph.then(put)
+        def put(real: Any) -> None:
+            remote_mark.mark_remote(True)  # generated by a worker: its put only shares it
+            save(key, real, *args, **kwargs)
+
+        graph.then(put)
+
+    return save_graph
 
 
 def _compile_fn(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def compile_fn(self: Any, gm: Any, example_inputs: Any, **configs: Any) -> Any:
-        if _off or getattr(_thread, "batch", None) is not None:
+        if FEATURE.off or getattr(_thread, "batch", None) is not None:
             return original(self, gm, example_inputs, **configs)
         batch: list[Forward] = []
         _thread.batch = batch
@@ -374,7 +378,6 @@ def _compile_fn(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _settled(batch: list[Forward]) -> bool:
     """Fetch and check every deferred forward of the frame; False turns deferral off here."""
-    global _off
     why = ""
     for forward in batch:
         try:
@@ -389,8 +392,8 @@ def _settled(batch: list[Forward]) -> bool:
         if batch:
             log.debug("compileq: %d DDP forwards generated side by side", len(batch))
         return True
-    _off = True
-    _count(Counter.DDP_FORWARD_MISPREDICTIONS)
+    FEATURE.off = True
+    FEATURE.count(Counter.DDP_FORWARD_MISPREDICTIONS)
     warn_once(
         "deferred",
         "compileq: %s; compiling this frame again, and DDP forwards one by one from now on",

@@ -1,7 +1,9 @@
 """The FX compile scheme Inductor runs when compileq routes codegen to workers.
 
-Kept apart from fx_remote because it subclasses ``compile_fx_ext._OutOfProcessFxCompile``,
-which can be imported only once ``compile_fx`` has finished loading (see remote.enable).
+Kept apart from ``remote`` because it subclasses ``compile_fx_ext._OutOfProcessFxCompile``,
+which can be imported only once ``compile_fx`` has finished loading (see ``remote.RemoteFx``).
+It imports ``remote`` (routing, what travels with a job, fallbacks) and the round trip
+(``scheduler/roundtrip.py``); neither imports it: ``features.py`` hands it to ``RemoteFx``.
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ from torch._inductor.compile_fx_ext import (
 )
 
 from compileq._log import log
+from compileq.cache.counters import Counter, Reason
 from compileq.codegen import deferred, fx_key, remote, speculative
-from compileq.codegen.remote import Fallback, Route
-from compileq.scheduler import boundary
+from compileq.codegen.remote import Route
+from compileq.scheduler import boundary, remote_mark, roundtrip
 from compileq.scheduler.client import KernelClient
+from compileq.scheduler.fallback import Fallback
 from compileq.tasks import device_index, portable
 from compileq.tasks.fx_jobs import FxJob
 from compileq.tasks.fx_wire import unpicklable, wire
@@ -63,7 +67,7 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
     ) -> Any:
         if speculative.speculating():
             self._send_ahead(gm, example_inputs, inputs_to_check, graph_kwargs)
-        remote.mark_remote(False)
+        remote_mark.mark_remote(False)
         self._stock_ran = False
         try:
             self._route_and_key(gm, example_inputs, inputs_to_check, graph_kwargs)
@@ -91,15 +95,13 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
         """Send this DDP subgraph's forward and let the compile go on without its output, with
         ``strides`` (see ``deferred``); an output already in the store is loaded at once."""
         client, route, job = self._routed_job(pickled)
-        output = remote.send_only(client, job, route.queue, speculative.forward_sent)
-        remote.mark_remote(True)
+        output = roundtrip.found_or_sent(client, job, speculative.forward_sent)
+        remote_mark.mark_remote(True)
         if output is not None:
             return self._loaded(output, route.device_index, constants)
 
         def fetch() -> Any:
-            return self._loaded(
-                remote.run_remote(client, job, route.queue), route.device_index, constants
-            )
+            return self._loaded(roundtrip.fetch(client, job), route.device_index, constants)
 
         return deferred.defer(fetch, strides)
 
@@ -131,10 +133,9 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
             # to process and call to call: the real compile would never find the job.
             if graph_key is not None and client is not None:
                 serialized = self._serialize(gm, example_inputs, inputs_to_check, graph_kwargs)
-                if serialized is not None:
-                    remote.send_ahead(
-                        client, self._job(route, serialized[0], graph_key), route.queue
-                    )
+                job = None if serialized is None else self._job(route, serialized[0], graph_key)
+                if job is not None and roundtrip.send_ahead(client, job):
+                    client.store.count({Counter.FX_SENT_AHEAD: 1})
         except Exception as e:
             log.debug("compileq: backward not sent ahead: %s: %s", type(e).__name__, e)
         raise speculative.Sent
@@ -148,7 +149,7 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
     ) -> tuple[Route, str | None]:
         """Where this graph's job goes, and its key (Inductor's hash for ``cuda:0``): kept for
         ``serialize_compile`` and ``_send_to_child_async``, which Inductor calls in between."""
-        self._route = remote.choose_route(gm, example_inputs)
+        self._route = remote.choose_route(remote.client(), gm, example_inputs)
         self._graph_key = fx_key.graph_key(
             gm, example_inputs, graph_kwargs, inputs_to_check, self._route.device_index
         )
@@ -168,15 +169,17 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
 
     def _job(
         self, route: Route, pickled: _WireProtocolPickledInput, graph_key: str | None
-    ) -> FxJob:
-        return FxJob(
+    ) -> roundtrip.Job:
+        """The graph's job, as the round trip sends it to ``route``'s queue."""
+        job = FxJob(
             route.target,
             route.toolchain.digest,
             pickled.value,
-            remote.codegen_env(),
+            remote.forwarded_env(),
             graph_key,
             remote.codegen_state(),
         )
+        return remote.fx_job(route, job)
 
     def serialize_compile(
         self,
@@ -192,33 +195,29 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
             what = unpicklable(
                 gm, example_inputs, graph_kwargs, route.device_index if route else None
             )
-            remote.fell_back(
-                Fallback(
-                    "fx-unserializable",
-                    "Inductor will not serialize a graph"
-                    + (f": {what} cannot be pickled" if what else " (its debug log says why)"),
-                )
-            )
+            remote.fell_back(remote.unserializable(what))
         return serialized
 
-    def _routed_job(self, pickled: _WireProtocolPickledInput) -> tuple[KernelClient, Route, FxJob]:
+    def _routed_job(
+        self, pickled: _WireProtocolPickledInput
+    ) -> tuple[KernelClient, Route, roundtrip.Job]:
         """The client, this graph's route (``_route_and_key``) and its job."""
         route, client = self._route, remote.client()
         if route is None or client is None:
-            raise Fallback("fx-off", "remote FX codegen is not set up in this process")
+            raise Fallback(Reason.NO_WORKER, "remote FX codegen is not set up in this process")
         return client, route, self._job(route, pickled, self._graph_key)
 
     def _send_to_child_async(
         self, pickled_input: _WireProtocolPickledInput
     ) -> Future[_WireProtocolPickledOutput]:
         # Resolved before it is returned: Inductor's _send_to_child waits on it at once, and
-        # compileq stays out of Inductor's async FX modes (remote._activate), the only
+        # compileq stays out of Inductor's async FX modes (RemoteFx._activate), the only
         # callers that would use the time in between.
         client, route, job = self._routed_job(pickled_input)
         # While the worker generates this graph, its backward (if it is a forward that
         # AOTAutograd partitioned just now) goes to the workers too.
-        output = remote.run_remote(client, job, route.queue, speculative.forward_sent)
-        remote.mark_remote(True)
+        output = roundtrip.fetch(client, job, speculative.forward_sent)
+        remote_mark.mark_remote(True)
         future: Future[_WireProtocolPickledOutput] = Future()
         future.set_result(_ClientOutput(output, route.device_index))
         return future

@@ -6,7 +6,7 @@ lazy lowering]). With codegen on workers the two codegens then run one after the
 DDP job's backwards run one bucket after another at its first ``loss.backward()``. So when the
 forward misses every cache and its job has gone to a worker, compileq runs the backward compile
 Inductor will run later, with the same module and example inputs, as far as sending its codegen
-job (:func:`remote.send_ahead`), and then stops it (:class:`Sent`); only then does the client
+job (:func:`roundtrip.send_ahead`), and then stops it (:class:`Sent`); only then does the client
 wait for the forward. The worker generates both at once; the lazy compile later finds the
 backward's output in the store, or this process's lease on its job, and waits for the worker
 instead of sending it again. Cold time becomes the longer of the two codegens, not their sum.
@@ -47,14 +47,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from compileq._log import log, warn_once
-from compileq.hooks import import_hooks
+from compileq.hooks.feature import Context, Feature
 
 _GRAPH_COMPILE = "torch._functorch._aot_autograd.graph_compile"
 _DISTRIBUTED = "torch._dynamo.backends.distributed"
 _thread = threading.local()
-_original_partition: Callable[..., Any] | None = None
-_original_stage2: Callable[..., Any] | None = None
-_original_load: Any = None
 
 
 @dataclass
@@ -88,7 +85,7 @@ class _Pending:
         self.sent = True
         started = time.perf_counter()
         try:
-            _patch_cache_lookup()
+            FEATURE.patch_cache_lookup()
             with torch._subclasses.fake_tensor.unset_fake_temporarily():
                 module_copy = copy.deepcopy(self.bw_module)
             with (
@@ -131,88 +128,76 @@ def _speculation() -> Iterator[None]:
         _thread.active = False
 
 
-def enable() -> None:
+class Speculative(Feature):
     """Speculate every partitioned graph's backward, now or once AOTAutograd is imported."""
-    import_hooks.after_import(_GRAPH_COMPILE, _patch)
 
+    name = "speculative"
 
-def disable() -> None:
-    global _original_partition, _original_stage2, _original_load
-    import sys
+    def wanted(self, ctx: Context) -> bool:
+        return ctx.fx and ctx.settings.speculate and not ctx.in_worker
 
-    module: Any = sys.modules.get(_GRAPH_COMPILE)
-    if module is not None and _original_partition is not None:
-        module._aot_stage2a_partition = _original_partition
-        module.aot_stage2_autograd = _original_stage2
-    ddp: Any = sys.modules.get(_DISTRIBUTED)
-    run_node = getattr(getattr(ddp, "SubmodCompiler", None), "run_node", None)
-    if hasattr(run_node, "__wrapped__"):
-        ddp.SubmodCompiler.run_node = run_node.__wrapped__  # type: ignore[union-attr]
-    if _original_load is not None:
+    def imports(self) -> dict[str, Callable[[Any], None]]:
+        return {_GRAPH_COMPILE: self._patch}
+
+    def _patch(self, module: Any) -> None:
+        partition = getattr(module, "_aot_stage2a_partition", None)
+        stage2 = getattr(module, "aot_stage2_autograd", None)
+        if partition is None or stage2 is None:
+            log.info("compileq: this torch's AOTAutograd differs; the backward stays lazy")
+            return
+        self.patches.wrap(module, "_aot_stage2a_partition", _partition_then_send_backward)
+        self.patches.wrap(module, "aot_stage2_autograd", _stage2_with_backward_compiler)
+        self.patches.after_import(_DISTRIBUTED, self._patch_ddp)
+
+    def _patch_ddp(self, module: Any) -> None:
+        submod = getattr(module, "SubmodCompiler", None)
+        if submod is not None:
+            self.patches.wrap(submod, "run_node", _run_node_then_send)
+
+    def patch_cache_lookup(self) -> None:
+        """Wrap the FX-cache lookup at the first speculation: patching it when AOTAutograd is
+        imported would import Inductor's codecache in the middle of torch's own imports."""
         from torch._inductor.codecache import FxGraphCache
 
-        FxGraphCache.load_with_key = _original_load
-    _original_partition = _original_stage2 = _original_load = None
+        if self.patches.any:  # else disabled meanwhile: nothing to add to
+            self.patches.wrap_static(FxGraphCache, "load_with_key", _load_with_key)
 
 
-def _patch(module: Any) -> None:
-    global _original_partition, _original_stage2
-    partition = getattr(module, "_aot_stage2a_partition", None)
-    stage2 = getattr(module, "aot_stage2_autograd", None)
-    if _original_partition is not None:
-        return
-    if partition is None or stage2 is None:
-        log.info("compileq: this torch's AOTAutograd differs; the backward stays lazy")
-        return
-    _original_partition, _original_stage2 = partition, stage2
-    module._aot_stage2a_partition = _partition_then_send_backward
-    module.aot_stage2_autograd = _stage2_with_backward_compiler
-    import_hooks.after_import(_DISTRIBUTED, _patch_ddp)
+FEATURE = Speculative()
 
 
-def _patch_ddp(module: Any) -> None:
-    submod = getattr(module, "SubmodCompiler", None)
-    run_node = getattr(submod, "run_node", None)
-    if run_node is not None and not hasattr(run_node, "__wrapped__"):
-        submod.run_node = _run_node_then_send(run_node)  # type: ignore[union-attr]
-
-
-def _stage2_with_backward_compiler(*args: Any, **kwargs: Any) -> Any:
+def _stage2_with_backward_compiler(original: Callable[..., Any]) -> Callable[..., Any]:
     """``aot_stage2_autograd``, with its backward compiler at hand for the partition that
     follows (the lazy compile calls this one; ``AOTConfig.bw_compiler`` may be None)."""
-    assert _original_stage2 is not None
-    compiler = kwargs.get("bw_compiler", args[4] if len(args) > 4 else None)
-    outer = getattr(_thread, "bw_compiler", None), getattr(_thread, "pending", None)
-    _thread.bw_compiler, _thread.pending = compiler, None
-    try:
-        return _original_stage2(*args, **kwargs)
-    finally:
-        # A backward not sent by now stays lazy (its forward hit a cache, or never reached
-        # a worker): the lazy compile must not be taken for this graph's forward.
-        _thread.bw_compiler, _thread.pending = outer
+
+    def stage2(*args: Any, **kwargs: Any) -> Any:
+        compiler = kwargs.get("bw_compiler", args[4] if len(args) > 4 else None)
+        outer = getattr(_thread, "bw_compiler", None), getattr(_thread, "pending", None)
+        _thread.bw_compiler, _thread.pending = compiler, None
+        try:
+            return original(*args, **kwargs)
+        finally:
+            # A backward not sent by now stays lazy (its forward hit a cache, or never reached
+            # a worker): the lazy compile must not be taken for this graph's forward.
+            _thread.bw_compiler, _thread.pending = outer
+
+    return stage2
 
 
-def _patch_cache_lookup() -> None:
-    """Wrap the FX-cache lookup at the first speculation: patching it when AOTAutograd is
-    imported would import Inductor's codecache in the middle of torch's own imports."""
-    global _original_load
-    if _original_load is None:
-        from torch._inductor.codecache import FxGraphCache
+def _partition_then_send_backward(original: Callable[..., Any]) -> Callable[..., Any]:
+    def partition(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        try:
+            pending = _backward_of(result, [*args, *kwargs.values()])
+            if pending is not None:
+                _hold(pending)
+        except Exception as e:  # speculation may be lost, never the compile
+            warn_once(
+                "speculate", "compileq: backward not sent ahead (%s: %s)", type(e).__name__, e
+            )
+        return result
 
-        _original_load = FxGraphCache.__dict__["load_with_key"]
-        FxGraphCache.load_with_key = staticmethod(_load_with_key)
-
-
-def _partition_then_send_backward(*args: Any, **kwargs: Any) -> Any:
-    assert _original_partition is not None
-    result = _original_partition(*args, **kwargs)
-    try:
-        pending = _backward_of(result, [*args, *kwargs.values()])
-        if pending is not None:
-            _hold(pending)
-    except Exception as e:  # speculation may be lost, never the compile
-        warn_once("speculate", "compileq: backward not sent ahead (%s: %s)", type(e).__name__, e)
-    return result
+    return partition
 
 
 def _backward_of(result: Any, args: list[Any]) -> _Pending | None:
@@ -315,7 +300,6 @@ def _run_node_then_send(original: Callable[..., Any]) -> Callable[..., Any]:
                 each.send()
         return out
 
-    run_node.__wrapped__ = original  # type: ignore[attr-defined]
     return run_node
 
 
@@ -345,18 +329,21 @@ def _wanted() -> bool:
     return not torch._functorch.config.bundled_autograd_cache
 
 
-def _load_with_key(key: str, *args: Any, **kwargs: Any) -> Any:
+def _load_with_key(original: Callable[..., Any]) -> Callable[..., Any]:
     """Inductor's FX-cache lookup; while speculating, no lookup: a local entry ends the
     speculation (nothing to send), else it reads as a miss without touching the remote cache
     (whose hit would load the graph's code and kernels now, and whose miss takes a lease)."""
-    assert _original_load is not None
-    if not speculating():
-        return _original_load.__func__(key, *args, **kwargs)
-    from torch._inductor.codecache import FxGraphCache
 
-    if _has_local_entry(FxGraphCache, key):
-        raise Sent
-    return None, {"key": key, "cache_state": "miss", "components": []}
+    def load_with_key(key: str, *args: Any, **kwargs: Any) -> Any:
+        if not speculating():
+            return original(key, *args, **kwargs)
+        from torch._inductor.codecache import FxGraphCache
+
+        if _has_local_entry(FxGraphCache, key):
+            raise Sent
+        return None, {"key": key, "cache_state": "miss", "components": []}
+
+    return load_with_key
 
 
 def _has_local_entry(cache: Any, key: str) -> bool:

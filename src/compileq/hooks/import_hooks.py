@@ -1,20 +1,27 @@
-"""Run a function once a module has been imported, whether that is already done or not."""
+"""Run a function once a module has been imported, whether that is already done or not.
+
+Each pending hook belongs to whoever asked for it (a feature's ``Patches``): cancelling one
+owner's hooks leaves every other owner's waiting. The rejected alternative, one list cancelled
+as a whole, let one feature's ``disable`` drop the hooks of every other feature still enabled.
+"""
 
 from __future__ import annotations
 
 import importlib.abc
 import importlib.util
 import sys
+import threading
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 _pending: list[_AfterImport] = []
+_lock = threading.Lock()
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    def __init__(self, name: str, fn: Callable[[ModuleType], None]) -> None:
-        self.name, self.fn = name, fn
+    def __init__(self, name: str, fn: Callable[[ModuleType], None], owner: object) -> None:
+        self.name, self.fn, self.owner = name, fn, owner
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
         if name != self.name:
@@ -33,42 +40,43 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-def after_import(name: str, fn: Callable[[ModuleType], None]) -> None:
+def after_import(name: str, fn: Callable[[ModuleType], None], owner: object = None) -> None:
     """``fn(module)`` now if ``name`` is in ``sys.modules``, else right after it is imported.
 
     A module still executing its body is in ``sys.modules`` too: ``fn`` must check that what
-    it needs is there, and be called again later (``compileq run`` does, see _boot).
+    it needs is there, and be called again later (``compileq run`` does, see _boot). A hook
+    already pending for the same ``name``, ``fn`` and ``owner`` is not added twice.
     """
     module = sys.modules.get(name)
     if module is not None:
         fn(module)
         return
-    hook = _AfterImport(name, fn)
-    _pending.append(hook)
-    sys.meta_path.insert(0, hook)
+    with _lock:
+        if any(h.name == name and h.fn == fn and h.owner is owner for h in _pending):
+            return
+        hook = _AfterImport(name, fn, owner)
+        _pending.append(hook)
+        sys.meta_path.insert(0, hook)
 
 
-def before_first_call(module: ModuleType, name: str, fn: Callable[[], object]) -> None:
-    """Run ``fn()`` once, right before the first call of ``module.name``; then the function
-    is put back. For functions their callers look up in ``module`` at each call. Nothing
-    happens if ``module`` does not define ``name`` yet, or if it is waiting already."""
-    original = getattr(module, name, None)
-    if original is None or getattr(original, "_compileq_first_call", False):
-        return
-
-    def first(*args: Any, **kwargs: Any) -> Any:
-        setattr(module, name, original)
-        fn()
-        return original(*args, **kwargs)
-
-    first._compileq_first_call = True  # type: ignore[attr-defined]
-    setattr(module, name, first)
+def pending(owner: object) -> list[str]:
+    """The modules ``owner``'s hooks still wait for."""
+    with _lock:
+        return [h.name for h in _pending if h.owner is owner]
 
 
-def cancel(hook: _AfterImport | None = None) -> None:
-    """Forget one pending hook, or all of them."""
-    for pending in [hook] if hook is not None else list(_pending):
-        if pending in _pending:
-            _pending.remove(pending)
-        if pending in sys.meta_path:
-            sys.meta_path.remove(pending)
+def cancel(hook: _AfterImport) -> None:
+    """Forget one pending hook."""
+    with _lock:
+        if hook in _pending:
+            _pending.remove(hook)
+        if hook in sys.meta_path:
+            sys.meta_path.remove(hook)
+
+
+def cancel_owned(owner: object) -> None:
+    """Forget every pending hook of ``owner``, and only those."""
+    with _lock:
+        mine = [h for h in _pending if h.owner is owner]
+    for hook in mine:
+        cancel(hook)

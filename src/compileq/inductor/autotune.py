@@ -44,22 +44,19 @@ import copy
 import dataclasses
 import functools
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 
-from compileq import keys
 from compileq._log import warn_once
 from compileq.cache.counters import Counter
 from compileq.fingerprint import Toolchain
-from compileq.hooks import import_hooks
-from compileq.scheduler import boundary, leases
+from compileq.hooks.feature import Context, Feature
+from compileq.scheduler import boundary, roundtrip
 from compileq.scheduler.client import KernelClient
-from compileq.tasks import device_index, events
-from compileq.tasks.app import TUNE_TRITON
+from compileq.tasks import device_index
 from compileq.tasks.queues import tune_queue
 from compileq.tasks.tune_jobs import (
     TuneJob,
@@ -71,13 +68,6 @@ from compileq.tasks.tune_jobs import (
 )
 
 _SELECT = "torch._inductor.select_algorithm"
-#: Pending timings are re-read this often, under the pub/sub announcements.
-_POLL_S = 0.5
-
-_client: KernelClient | None = None
-#: What was patched: (AlgorithmSelectorCache's own benchmark_in_current_process, autotune_process's
-#: benchmark_in_sub_process), to put back on disable().
-_saved: tuple[Any, Callable[..., Any]] | None = None
 
 
 @dataclass
@@ -285,108 +275,95 @@ def _timings(names: list[str], entries: Sequence[Any]) -> dict[str, float]:
 def _send_and_wait(
     client: KernelClient, pending: dict[str, TuneJob], queue: str
 ) -> dict[str, float]:
-    store, settings = client.store, client.settings
-    deadline = time.monotonic() + settings.deadline_s
-    pubsub = store.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
-    try:
-        # Subscribed before anything is sent: an announcement must not come before we listen.
-        pubsub.subscribe(keys.DONE_CHANNEL)
-        pubsub.get_message(timeout=settings.connect_timeout_s)
-        unsent = _send(client, pending, queue)
-        return _wait(client, pubsub, set(pending) - unsent, deadline)
-    finally:
-        pubsub.close()
-
-
-def _send(client: KernelClient, pending: dict[str, TuneJob], queue: str) -> set[str]:
-    """Enqueue the jobs whose lease this process takes; the others are being timed already
-    (another rank met the same GEMM) and are waited for alike. Returns the ones that could not
-    be sent (the broker is unreachable): nobody will time those, so nobody waits for them."""
-    store, settings = client.store, client.settings
-    lease_ms = (int(settings.deadline_s) + 1) * 1000
-    stale = lambda n: store.count({Counter.STALE_LEASES: n})  # noqa: E731
-    names = list(pending)
-    taken = leases.take_many(store.client, names, client.client_id, lease_ms, stale)
-    ttl = settings.visibility_timeout_s * 2
-    unsent: set[str] = set()
-    for name, mine in zip(names, taken, strict=True):
-        if not mine:
-            continue
-        if unsent:  # the broker refused the one before: do not wait on it for each
-            unsent.add(name)
-            client.release_lease(name)
-            continue
-        try:
-            sealed = store.seal(keys.job(name), pending[name].to_bytes())
-            store.client.set(keys.job(name), sealed, ex=ttl)
-            client.send_task(TUNE_TRITON, name, queue)
-        except redis.RedisError:
-            client.orphan_lease(name)
-            raise
-        except Exception as e:  # kombu's own errors (the broker is gone), EntryTooLarge
-            unsent.add(name)
-            client.release_lease(name)
-            warn_once("tune-send", "compileq: cannot send autotuning jobs (%s)", e)
-    return unsent
-
-
-def _wait(
-    client: KernelClient, pubsub: Any, waiting: set[str], deadline: float
-) -> dict[str, float]:
-    found: dict[str, float] = {}
-    last_poll = time.monotonic()
-    while waiting:
-        now = time.monotonic()
-        if now >= deadline:
-            warn_once(
-                "tune-deadline",
-                "compileq: %d autotuning timings not back within %.0fs; timing them here",
-                len(waiting),
-                client.settings.deadline_s,
-            )
-            break
-        message = pubsub.get_message(timeout=min(_POLL_S, deadline - now))
-        done = (
-            events.parse(message["data"]) if message and message.get("type") == "message" else None
+    """The timings GPU workers take of ``pending`` (through the round trip: the jobs whose
+    lease this process takes are sent; the others are being timed already, another rank met
+    the same GEMM, and are waited for alike). What could not be sent, failed or was refused,
+    or is not back by the deadline, is left to time here."""
+    jobs = [roundtrip.Job(roundtrip.TUNE, name, queue, j.to_bytes) for name, j in pending.items()]
+    sent, waited = roundtrip.send_and_wait(client, jobs, roundtrip.deadline(client.settings))
+    if sent.too_large:
+        warn_once(
+            "tune-too-large",
+            "compileq: %s; timing it here",
+            next(iter(sent.too_large.values())),
         )
-        if done is not None and done.key in waiting and not done.ok:
-            waiting.discard(done.key)  # refused or lost by the worker: time it here
-            continue
-        if (done is not None and done.key in waiting) or time.monotonic() - last_poll >= _POLL_S:
-            last_poll = time.monotonic()
-            got = _read(client, sorted(waiting))
-            found.update(got)
-            waiting.difference_update(got)
-    return found
+    if waited.late:
+        warn_once(
+            "tune-deadline",
+            "compileq: %d autotuning timings not back within %.0fs; timing them here",
+            len(waited.late),
+            client.settings.deadline_s,
+        )
+    names = list(waited.found)
+    return _timings(names, [waited.found[name] for name in names])
 
 
 # -- install ----------------------------------------------------------------------------------
 
 
-def enable(client: KernelClient) -> None:
+_AUTOTUNE_PROCESS = "torch._inductor.autotune_process"
+#: Both ways Inductor times candidates, as the ledger names them: both wrapped, or neither.
+_HOOKS = (
+    "AlgorithmSelectorCache.benchmark_in_current_process",
+    f"{_AUTOTUNE_PROCESS}.benchmark_in_sub_process",
+)
+
+
+class Autotune(Feature):
     """Send autotuning timings to GPU workers from now on (once select_algorithm is loaded)."""
-    global _client
-    _client = client
-    import_hooks.after_import(_SELECT, _activate)
 
+    name = "autotune"
 
-def _activate(module: Any) -> None:
-    global _saved
-    cls = getattr(module, "AlgorithmSelectorCache", None)
-    autotune_process: Any = sys.modules.get("torch._inductor.autotune_process")
-    if _client is None or _saved is not None or cls is None or autotune_process is None:
-        return
-    current = cls.__dict__.get("benchmark_in_current_process")
-    sub = getattr(autotune_process, "benchmark_in_sub_process", None)
-    if not isinstance(current, classmethod) or sub is None:
-        warn_once(
-            "tune-hooks",
-            "compileq: this torch times autotuning candidates differently; they stay in process",
+    def __init__(self) -> None:
+        super().__init__()
+        self.client: KernelClient | None = None
+
+    def wanted(self, ctx: Context) -> bool:
+        return ctx.settings.tune_on_workers
+
+    def imports(self) -> dict[str, Callable[[Any], None]]:
+        return {_SELECT: self._activate}
+
+    def enable(self, ctx: Context) -> None:
+        self.client = ctx.client
+        super().enable(ctx)
+
+    def disable(self) -> None:
+        super().disable()
+        self.client = None
+
+    @property
+    def active(self) -> bool:
+        return self.patches.all_of(_HOOKS)
+
+    def _activate(self, module: Any) -> None:
+        cls = getattr(module, "AlgorithmSelectorCache", None)
+        autotune_process: Any = sys.modules.get(_AUTOTUNE_PROCESS)
+        if self.client is None or cls is None or autotune_process is None:
+            return
+        current = cls.__dict__.get("benchmark_in_current_process")
+        sub = getattr(autotune_process, "benchmark_in_sub_process", None)
+        if not isinstance(current, classmethod) or sub is None:
+            warn_once(
+                "tune-hooks",
+                "compileq: this torch times autotuning candidates differently; they stay in "
+                "process",
+            )
+            return
+        self.patches.wrap(
+            cls,
+            "benchmark_in_current_process",
+            lambda method: classmethod(_in_current_process(method.__func__)),
         )
-        return
-    _saved = (current, sub)
-    cls.benchmark_in_current_process = classmethod(_in_current_process(current.__func__))
-    autotune_process.benchmark_in_sub_process = _in_sub_process(sub)
+        self.patches.wrap(autotune_process, "benchmark_in_sub_process", _in_sub_process)
+
+
+FEATURE = Autotune()
+
+
+def client() -> KernelClient | None:
+    """The client timings go to workers through; None while the feature is off."""
+    return FEATURE.client
 
 
 def timed(
@@ -426,13 +403,13 @@ def _in_current_process(
         **kwargs: Any,
     ) -> dict[Any, float]:
         def measure(rest: list[Any]) -> dict[Any, float]:
-            with _this_gpu(_client, layout):
+            with _this_gpu(FEATURE.client, layout):
                 return original(cls, rest, input_nodes, layout, input_gen_fns, *args, **kwargs)
 
         # Inputs Inductor makes itself (indices that must stay in range) cannot be remade on a
         # worker from sizes alone; a collective needs every rank in this very process.
         shareable = not input_gen_fns and not kwargs.get("is_collective")
-        return timed(_client, choices, measure, shareable)
+        return timed(FEATURE.client, choices, measure, shareable)
 
     return benchmark_in_current_process
 
@@ -443,7 +420,7 @@ def _this_gpu(client: KernelClient | None, layout: Any) -> contextlib.AbstractCo
     on_gpu = getattr(getattr(layout, "device", None), "type", None) == "cuda"
     if client is None or not client.in_worker or not on_gpu:
         return contextlib.nullcontext()
-    from compileq.workers.tune import gpu_lock
+    from compileq.build.gpu_lock import gpu_lock
 
     return gpu_lock()
 
@@ -453,21 +430,11 @@ def _in_sub_process(original: Callable[..., dict[Any, float]]) -> Callable[..., 
     def benchmark_in_sub_process(
         choices: Sequence[Any], *args: Any, **kwargs: Any
     ) -> dict[Any, float]:
-        return timed(_client, choices, lambda rest: original(rest, *args, **kwargs))
+        return timed(FEATURE.client, choices, lambda rest: original(rest, *args, **kwargs))
 
     return benchmark_in_sub_process
 
 
-def disable() -> None:
-    global _client, _saved
-    _client = None
-    if _saved is not None:
-        module: Any = sys.modules[_SELECT]
-        module.AlgorithmSelectorCache.benchmark_in_current_process = _saved[0]
-        tuner: Any = sys.modules["torch._inductor.autotune_process"]
-        tuner.benchmark_in_sub_process = _saved[1]
-        _saved = None
-
-
 def active() -> bool:
-    return _saved is not None
+    """Whether Inductor's timings go through the cluster now."""
+    return FEATURE.active

@@ -31,14 +31,9 @@ from compileq.cache.counters import Counter
 from compileq.cache.store import RedisStore
 from compileq.errors import CompileqError
 from compileq.fingerprint import compiler_identity, cpu_flags
+from compileq.hooks.feature import Context, Feature
 from compileq.inductor import cpp_fanout
 from compileq.scheduler import boundary
-
-_store: RedisStore | None = None
-_original: Callable[[str, Sequence[Any]], None] | None = None
-_original_check_build: Callable[[Any, str], bool] | None = None
-#: What a build here counts as: local in a client, remote inside a worker's FX codegen.
-_built = Counter.CPP_LOCAL_COMPILES
 
 
 def cpp_key(target: str) -> str:
@@ -74,26 +69,30 @@ def _write_atomically(path: str, data: bytes) -> None:
 _SERVED = ("served", "")
 
 
-def _compile_cpp(lock_path: str, cpp_builders: Sequence[Any]) -> None:
-    assert _original is not None
-    if cpp_fanout.precompiled_header(cpp_builders) and cpp_fanout.sends_builds(cpp_builders):
-        # Inductor's precompiled header is read only by this machine's own builds: while
-        # workers build its objects (each with a header of its own, workers/cpp.py), it is
-        # neither made here (4.3 s on the 2-core CI machine, on the thread generating the
-        # graph, and before even a new machine's first hit) nor fetched (155 MB, 21 MB
-        # compressed). A build that still happens here reads the header's text instead:
-        # slower, and the same object. Without such workers it is served and shared below.
-        return
-    plan = _look_up(cpp_builders)
-    if plan is _SERVED:
-        return
-    if plan is not None and plan[0]:  # a miss: a worker builds it, if one can
-        built = cpp_fanout.built_remotely(plan[0], cpp_builders)
-        if built is not None:
-            _write_atomically(plan[1], built)
+def _compile_cpp(original: Callable[[str, Sequence[Any]], None]) -> Callable[..., None]:
+    """Inductor's ``_worker_compile_cpp``, served from the store or built by a worker."""
+
+    def compile_cpp(lock_path: str, cpp_builders: Sequence[Any]) -> None:
+        if cpp_fanout.precompiled_header(cpp_builders) and cpp_fanout.sends_builds(cpp_builders):
+            # Inductor's precompiled header is read only by this machine's own builds: while
+            # workers build its objects (each with a header of its own, workers/cpp.py), it is
+            # neither made here (4.3 s on the 2-core CI machine, on the thread generating the
+            # graph, and before even a new machine's first hit) nor fetched (155 MB, 21 MB
+            # compressed). A build that still happens here reads the header's text instead:
+            # slower, and the same object. Without such workers it is served and shared below.
             return
-    _original(lock_path, cpp_builders)  # Inductor's build, under Inductor's own file lock
-    _share(plan)
+        plan = _look_up(cpp_builders)
+        if plan is _SERVED:
+            return
+        if plan is not None and plan[0]:  # a miss: a worker builds it, if one can
+            built = cpp_fanout.built_remotely(plan[0], cpp_builders)
+            if built is not None:
+                _write_atomically(plan[1], built)
+                return
+        original(lock_path, cpp_builders)  # Inductor's build, under Inductor's own file lock
+        _share(plan)
+
+    return compile_cpp
 
 
 def _not_looked_up(cpp_builders: Sequence[Any]) -> tuple[str, str] | None:
@@ -104,11 +103,11 @@ def _not_looked_up(cpp_builders: Sequence[Any]) -> tuple[str, str] | None:
 def _look_up(cpp_builders: Sequence[Any]) -> tuple[str, str] | None:
     """Write the object from the store (``_SERVED``), or say what to share once it is built:
     ``(key, path)`` for a miss, ``("", path)`` for an object already on a worker's disk."""
-    store, target = _store, str(cpp_builders[-1].get_target_file_path())
+    store, target = FEATURE.store, str(cpp_builders[-1].get_target_file_path())
     if store is None:
         return None
     if os.path.exists(target):
-        return ("", target) if _built is Counter.CPP_REMOTE_COMPILES else None
+        return ("", target) if FEATURE.built is Counter.CPP_REMOTE_COMPILES else None
     key = cpp_key(target)
     try:
         entry = store.get_many([key])[0]
@@ -129,7 +128,7 @@ def _not_shared(plan: tuple[str, str] | None) -> None:
 
 @boundary.guard("the C++ cache", instead=_not_shared)
 def _share(plan: tuple[str, str] | None) -> None:
-    store = _store
+    store = FEATURE.store
     if plan is None or store is None:
         return
     key, path = plan
@@ -142,7 +141,7 @@ def _share(plan: tuple[str, str] | None) -> None:
 def _store_built(store: RedisStore, key: str, path: str) -> None:
     """Count a build done here and share its object; failing to share only costs others."""
     try:
-        store.count({_built: 1})
+        store.count({FEATURE.built: 1})
         with open(path, "rb") as f:
             store.put(key, f.read())
     except (OSError, redis.RedisError, CompileqError) as e:
@@ -195,8 +194,19 @@ def _isa_verdict_key(isa: Any, code: str) -> str | None:
     return keys.artifact_of("isa", material)
 
 
-def _check_build(isa: Any, code: str) -> bool:
-    """Inductor's vector-ISA check, its verdict and its compile served from the store.
+def _check_build(original: Callable[[Any, str], bool]) -> Callable[[Any, str], bool]:
+    """Inductor's vector-ISA check, its verdict and its compile served from the store
+    (``_check_build_with``)."""
+
+    def check_build(isa: Any, code: str) -> bool:
+        return _check_build_with(original, isa, code)
+
+    return check_build
+
+
+def _check_build_with(original: Callable[[Any, str], bool], isa: Any, code: str) -> bool:
+    """Inductor's vector-ISA check ``original``, its verdict and its compile served from the
+    store.
 
     Inductor compiles a probe per ISA and loads it in a fresh Python subprocess: about a
     second per ISA on a new machine, the largest cost left in a new machine's first call. The
@@ -205,8 +215,7 @@ def _check_build(isa: Any, code: str) -> bool:
     and toolchain skips the probe. The rejected alternative, sharing only the probe's build
     and always loading it here, kept that second per ISA on every new machine.
     """
-    assert _original_check_build is not None
-    store = _store
+    store = FEATURE.store
     target = key = verdict = None
     if store is not None:
         try:
@@ -232,7 +241,7 @@ def _check_build(isa: Any, code: str) -> bool:
         except Exception as e:  # another torch's internals, or Redis: Inductor does it alone
             warn_once("isa-cache", "compileq: ISA probe not cached: %s", e)
             target = key = None
-    ok = bool(_original_check_build(isa, code))
+    ok = bool(original(isa, code))
     if ok and store is not None and key is not None and target is not None:
         _store_built(store, key, target)
     if store is not None and verdict is not None:
@@ -241,30 +250,37 @@ def _check_build(isa: Any, code: str) -> bool:
     return ok
 
 
-def enable(store: RedisStore, built: Counter = Counter.CPP_LOCAL_COMPILES) -> None:
-    """Serve C++ builds from ``store``; a build done here counts as ``built``."""
-    from torch._inductor import codecache
-    from torch._inductor.cpu_vec_isa import VecISA
+class CppCache(Feature):
+    """Serve C++ builds (and vector-ISA probes) from the store."""
 
-    global _store, _original, _original_check_build, _built
-    _built = built
-    if _original is None:
-        _original = codecache._worker_compile_cpp
-        codecache._worker_compile_cpp = _compile_cpp
-    if _original_check_build is None:
-        _original_check_build = VecISA.check_build
-        VecISA.check_build = _check_build
-    _store = store
+    name = "cpp-cache"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.store: RedisStore | None = None
+        #: What a build here counts as: local in a client, remote inside a worker's FX codegen.
+        self.built = Counter.CPP_LOCAL_COMPILES
+
+    def wanted(self, ctx: Context) -> bool:
+        return ctx.settings.graph_cache
+
+    def enable(self, ctx: Context) -> None:
+        built = Counter.CPP_REMOTE_COMPILES if ctx.in_worker else Counter.CPP_LOCAL_COMPILES
+        self.start(ctx.store, built)
+
+    def start(self, store: RedisStore, built: Counter = Counter.CPP_LOCAL_COMPILES) -> None:
+        """Serve C++ builds from ``store``; a build done here counts as ``built``. Also for
+        a worker's own process, which has no ``install()`` (``workers/process.py``)."""
+        from torch._inductor import codecache
+        from torch._inductor.cpu_vec_isa import VecISA
+
+        self.store, self.built = store, built
+        self.patches.wrap(codecache, "_worker_compile_cpp", _compile_cpp)
+        self.patches.wrap(VecISA, "check_build", _check_build)
+
+    def disable(self) -> None:
+        super().disable()
+        self.store, self.built = None, Counter.CPP_LOCAL_COMPILES
 
 
-def disable() -> None:
-    from torch._inductor import codecache
-    from torch._inductor.cpu_vec_isa import VecISA
-
-    global _store, _original, _original_check_build, _built
-    _built = Counter.CPP_LOCAL_COMPILES
-    if _original is not None:
-        codecache._worker_compile_cpp = _original
-    if _original_check_build is not None:
-        VecISA.check_build = _original_check_build
-    _store = _original = _original_check_build = None
+FEATURE = CppCache()

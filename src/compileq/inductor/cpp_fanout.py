@@ -3,7 +3,7 @@
 Inductor builds each C++ kernel of a graph on its own compile threads, all on this machine.
 Sent to the C++ queue of this compiler, torch and CPU (``tasks/cpp_jobs.py``), a cold graph's
 objects are built by every free pool process of every worker serving it, each once for the
-cluster (single flight on the object's key, as graphs: ``remote.run_job``), while the
+cluster (single flight on the object's key, as graphs: ``scheduler/roundtrip.py``), while the
 thread that would have run the compiler here waits. Where no worker serves the queue, a
 command line cannot travel, or the round trip fails, the object is built here as stock
 builds it: slower, never failed.
@@ -20,34 +20,50 @@ from typing import Any
 import redis
 
 from compileq._log import warn_once
-from compileq.codegen import remote
 from compileq.fingerprint import cpp_toolchain
-from compileq.scheduler import boundary
+from compileq.hooks.feature import Context, Feature
+from compileq.scheduler import boundary, roundtrip
 from compileq.scheduler.client import KernelClient
-from compileq.tasks.app import COMPILE_CPP
+from compileq.scheduler.fallback import Fallback
 from compileq.tasks.cpp_jobs import CppJob, Unportable, machine_dirs
 from compileq.tasks.queues import cpp_queue
 
-CPP = remote.Kind(COMPILE_CPP, "cpp", "build the C++ object")
-
-_client: KernelClient | None = None
 #: Each precompiled header Inductor asked for here (made or skipped): path -> its builder.
 _headers: dict[str, Any] = {}
-#: In a worker's codegen: whether a sibling pool process is free to take what is sent (see
-#: ``workers/fx_slots.py``: waiting on busy siblings that wait too would never end).
-_may_send: Callable[[], bool] = lambda: True  # noqa: E731
 
 
-def enable(client: KernelClient, may_send: Callable[[], bool] | None = None) -> None:
-    global _client, _may_send
-    _client = client
-    _may_send = may_send or (lambda: True)
+class CppFanout(Feature):
+    """Send a C++ object that misses the store to a worker (``cpp_cache`` asks)."""
+
+    name = "cpp-fanout"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.client: KernelClient | None = None
+        #: In a worker's codegen: whether a sibling pool process is free to take what is sent
+        #: (see ``workers/fx_slots.py``: waiting on busy siblings that wait too would never
+        #: end). None in a client: always.
+        self.on_worker: Callable[[], bool] | None = None
+
+    def wanted(self, ctx: Context) -> bool:
+        return ctx.settings.graph_cache and ctx.settings.cpp_fanout
+
+    def enable(self, ctx: Context) -> None:
+        self.client, self.on_worker = ctx.client, ctx.on_worker
+        super().enable(ctx)
+
+    def disable(self) -> None:
+        super().disable()
+        self.client = self.on_worker = None
 
 
-def disable() -> None:
-    global _client, _may_send
-    _client = None
-    _may_send = lambda: True  # noqa: E731
+FEATURE = CppFanout()
+
+
+def _may_send() -> bool:
+    """Whether what misses may be sent now (in a worker's codegen: a sibling is free)."""
+    on_worker = FEATURE.on_worker
+    return on_worker is None or on_worker()
 
 
 def precompiled_header(builders: Sequence[Any]) -> bool:
@@ -81,7 +97,7 @@ def sends_builds(header: Sequence[Any]) -> bool:
     workers now: a live worker serves this machine's C++ queue, and the header's own command
     line can travel (else neither will theirs, and they are built here, with the header).
     Never in a worker's codegen, whose pool process keeps its header for every graph."""
-    client = _client
+    client = FEATURE.client
     if client is None or client.in_worker or client.redis_down():
         return False
     try:
@@ -99,7 +115,7 @@ def _built_here(key: str, builders: Sequence[Any]) -> bytes | None:
 def built_remotely(key: str, builders: Sequence[Any]) -> bytes | None:
     """The object's bytes, built by a worker (or by another client's worker meanwhile); None
     where it must be built here."""
-    client = _client
+    client = FEATURE.client
     if client is None or client.redis_down() or not _may_send():
         return None
     queue = _served_queue(client)
@@ -107,11 +123,11 @@ def built_remotely(key: str, builders: Sequence[Any]) -> bytes | None:
         return None
     try:
         job = CppJob.from_builders(cpp_toolchain(), builders, machine_dirs(), _headers)
-        return remote.run_job(client, CPP, key, job.to_bytes, queue)
+        return roundtrip.fetch(client, roundtrip.Job(roundtrip.CPP, key, queue, job.to_bytes))
     except Unportable as e:
         warn_once("cpp-unportable", "compileq: C++ object built here (%s)", e)
-    except remote.Fallback as e:
-        warn_once(e.topic, "compileq: %s; building the C++ object here", e)
+    except Fallback as e:
+        warn_once(f"cpp-{e.topic}", "compileq: %s; building the C++ object here", e)
     except (OSError, ValueError) as e:  # a source unreadable, or a job over the cap
         warn_once("cpp-job", "compileq: C++ object built here (%s)", e)
     return None

@@ -38,70 +38,103 @@ import threading
 from typing import Any
 
 from compileq._log import log
+from compileq.hooks.feature import Context, Feature
 
-_lock = threading.Lock()
-_frozen = False  # whether the current window froze (and so must thaw)
-#: How many objects were frozen when the window was enabled, or after the last window thawed:
-#: a count above it at a compile's start means someone else froze objects since.
-_baseline = 0
-_handler: Any = None  # Dynamo's callback handler, while the window's callbacks are on it
+
+class GcWindow(Feature):
+    """Freeze the objects that exist at each outermost compile's start, thaw them at its end.
+
+    No attribute of torch is replaced: the window is two callbacks on Dynamo's handler."""
+
+    name = "gc-window"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+        #: Whether the current window froze (and so must thaw).
+        self.frozen = False
+        #: How many objects were frozen when the window was enabled, or after the last window
+        #: thawed: a count above it at a compile's start means someone else froze objects since.
+        self._baseline = 0
+        #: Dynamo's callback handler, while the window's callbacks are on it.
+        self._handler: Any = None
+
+    def wanted(self, ctx: Context) -> bool:
+        return ctx.settings.gc_window and not ctx.in_worker
+
+    def enable(self, ctx: Context) -> None:
+        self.start()
+
+    def start(self) -> bool:
+        """Open a window at each outermost compile's start and close it at its end. Returns
+        whether Dynamo's callbacks were found (torch 2.11 to 2.13 have them)."""
+        try:
+            from torch._dynamo.callback import callback_handler
+        except ImportError:
+            return False
+        if not hasattr(callback_handler, "register_start_callback"):
+            return False
+        with self._lock:
+            if self._handler is None:
+                self._baseline = gc.get_freeze_count()
+                callback_handler.register_start_callback(_start)
+                callback_handler.register_end_callback(_end)
+                self._handler = callback_handler
+        return True
+
+    def disable(self) -> None:
+        """Remove the callbacks, thawing what a window still holds frozen."""
+        with self._lock:
+            handler, self._handler = self._handler, None
+        if handler is not None:
+            if _start in handler.start_callbacks:
+                handler.remove_start_callback(_start)
+            if _end in handler.end_callbacks:
+                handler.remove_end_callback(_end)
+        self.close()
+        super().disable()
+
+    def open(self) -> None:
+        with self._lock:
+            if not self.frozen and gc.get_freeze_count() <= self._baseline:
+                gc.freeze()
+                self.frozen = True
+
+    def close(self) -> None:
+        with self._lock:
+            if self.frozen:
+                gc.unfreeze()
+                self.frozen = False
+                self._baseline = gc.get_freeze_count()
+
+
+FEATURE = GcWindow()
 
 
 def _start(_: Any) -> None:
-    global _frozen
+    """Dynamo's start callback (a module function: its identity is what Dynamo removes)."""
     try:
-        with _lock:
-            if not _frozen and gc.get_freeze_count() <= _baseline:
-                gc.freeze()
-                _frozen = True
+        FEATURE.open()
     except Exception:  # never fail a compile over a collector setting
         log.debug("compileq: gc window not opened", exc_info=True)
 
 
 def _end(_: Any) -> None:
-    global _frozen, _baseline
     try:
-        with _lock:
-            if _frozen:
-                gc.unfreeze()
-                _frozen = False
-                _baseline = gc.get_freeze_count()
+        FEATURE.close()
     except Exception:
         log.debug("compileq: gc window not closed", exc_info=True)
 
 
 def enable() -> bool:
-    """Open a window at each outermost compile's start and close it at its end. Returns
-    whether Dynamo's callbacks were found (torch 2.11 to 2.13 have them)."""
-    global _handler, _baseline
-    try:
-        from torch._dynamo.callback import callback_handler
-    except ImportError:
-        return False
-    if not hasattr(callback_handler, "register_start_callback"):
-        return False
-    with _lock:
-        if _handler is None:
-            _baseline = gc.get_freeze_count()
-            callback_handler.register_start_callback(_start)
-            callback_handler.register_end_callback(_end)
-            _handler = callback_handler
-    return True
+    """The window on by itself, outside ``install()`` (for tests); see ``GcWindow.start``."""
+    return FEATURE.start()
 
 
 def disable() -> None:
-    """Remove the callbacks, thawing what a window still holds frozen."""
-    global _handler
-    with _lock:
-        handler, _handler = _handler, None
-    if handler is not None:
-        if _start in handler.start_callbacks:
-            handler.remove_start_callback(_start)
-        if _end in handler.end_callbacks:
-            handler.remove_end_callback(_end)
-    _end(None)
+    FEATURE.disable()
 
 
 def active() -> bool:
     """Whether a window is open now (objects frozen by compileq)."""
-    return _frozen
+    return FEATURE.frozen

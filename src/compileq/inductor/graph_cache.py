@@ -14,6 +14,7 @@ import hashlib
 import os
 import socket
 import time
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import redis
@@ -26,16 +27,13 @@ from compileq.cache.counters import Counter, Reason, fallback
 from compileq.cache.store import Entry, RedisStore
 from compileq.errors import CompileqError
 from compileq.fingerprint import host_identity
-from compileq.hooks import import_hooks
-from compileq.scheduler import boundary
+from compileq.hooks.feature import Context, Feature
+from compileq.scheduler import boundary, remote_mark
 from compileq.scheduler.leases import Leases
 from compileq.scheduler.progress import progress
 
-_store: RedisStore | None = None
 #: When this process missed a graph key (it then compiles it); popped when it puts the entry.
 _missed_at: dict[str, float] = {}
-_leases: Leases | None = None
-_deadline_s = 60.0
 
 
 class _StoreBackend(RemoteCacheBackend[bytes]):  # type: ignore[misc]
@@ -61,18 +59,19 @@ class _StoreBackend(RemoteCacheBackend[bytes]):  # type: ignore[misc]
 
     @boundary.guard("the graph cache", instead=_miss)
     def _get(self, key: str) -> bytes | None:
-        if _store is None:
+        store = FEATURE.store
+        if store is None:
             return None
         name = self._key(key)
         if self.shows_progress:
             progress.start()
         try:
-            entry = _store.get_many([name])[0]
-            if entry is None and self.single_flight and _leases is not None:
+            entry = store.get_many([name])[0]
+            if entry is None and self.single_flight and FEATURE.leases is not None:
                 entry = self._wait_for_other_compile(name)
             counter = self.on_hit if entry is not None else self.on_miss
             if counter is not None:
-                _store.count({counter: 1})
+                store.count({counter: 1})
             if entry is None:
                 _missed_at[name] = time.monotonic()  # this process compiles it: time it
             elif self.shows_progress:
@@ -84,21 +83,22 @@ class _StoreBackend(RemoteCacheBackend[bytes]):  # type: ignore[misc]
 
     def _wait_for_other_compile(self, name: str) -> Entry | None:
         """None once this process holds the key's lease (it compiles); else the other's entry."""
-        assert _store is not None and _leases is not None
-        deadline = time.monotonic() + _deadline_s
+        store, leases, deadline_s = FEATURE.store, FEATURE.leases, FEATURE.deadline_s
+        assert store is not None and leases is not None
+        deadline = time.monotonic() + deadline_s
         delay = 0.05
-        while not _leases.acquire(name):
+        while not leases.acquire(name):
             if time.monotonic() >= deadline:
                 warn_once(
                     "graph-deadline",
                     "compileq: waited %.0fs for a graph another process compiles; compiling locally",
-                    _deadline_s,
+                    deadline_s,
                 )
-                _store.count({Counter.FALLBACKS: 1}, None, [fallback(Reason.DEADLINE)])
+                store.count({Counter.FALLBACKS: 1}, None, [fallback(Reason.DEADLINE)])
                 return None
             time.sleep(delay)
             delay = min(delay * 2, 0.5)
-            entry = _store.get_many([name])[0]
+            entry = store.get_many([name])[0]
             if entry is not None:
                 return entry
         return None
@@ -108,7 +108,8 @@ class _StoreBackend(RemoteCacheBackend[bytes]):  # type: ignore[misc]
 
     @boundary.guard("the graph cache", instead=_skip)
     def _put(self, key: str, data: bytes) -> None:
-        if _store is None:
+        store, leases = FEATURE.store, FEATURE.leases
+        if store is None:
             return
         name = self._key(key)
         try:
@@ -116,15 +117,15 @@ class _StoreBackend(RemoteCacheBackend[bytes]):  # type: ignore[misc]
             # work done here, and a counter of winners alone would hide duplicate compiles.
             wrote = False
             try:
-                wrote = _store.put(name, data)
+                wrote = store.put(name, data)
             finally:  # also when too large to store: the compile happened all the same
                 counter = self._put_counter()
                 counts = {counter: 1} if counter is not None else {}
-                _store.count(counts, None, self._records(name, key, wrote))
+                store.count(counts, None, self._records(name, key, wrote))
             if self.shows_progress:
                 progress.graph(hit=False)
-            if _leases is not None:
-                _leases.release(name)
+            if leases is not None:
+                leases.release(name)
         except redis.RedisError as e:
             warn_once("graph-cache", "compileq: graph cache unavailable (%s); compiling locally", e)
         except CompileqError as e:  # EntryTooLarge: this graph stays in the local cache only
@@ -141,7 +142,8 @@ class _StoreBackend(RemoteCacheBackend[bytes]):  # type: ignore[misc]
         if wrote:
             material = {"kind": self.kind, "inductor_key": key}
             record = meta.entry_record(material, host_identity())
-            records.append(meta.record_entry(name, record, _store.ttl_s if _store else None))
+            store = FEATURE.store
+            records.append(meta.record_entry(name, record, store.ttl_s if store else None))
         return records
 
 
@@ -154,11 +156,9 @@ class FxGraphBackend(_StoreBackend):
     on_put = Counter.FX_LOCAL_COMPILES
 
     def _put_counter(self) -> Counter | None:
-        from compileq.codegen import remote
-
         # A graph a worker generated was counted there (fx_remote_compiles), once, by the
         # process that ran the codegen; this put only shares its result.
-        return None if remote.generated_remotely() else self.on_put
+        return None if remote_mark.generated_remotely() else self.on_put
 
 
 class AOTAutogradBackend(_StoreBackend):
@@ -184,88 +184,93 @@ _CONFIG = (
     ("torch._inductor.config", "autotune_remote_cache"),
     ("torch._functorch.config", "enable_remote_autograd_cache"),
 )
-_saved: dict[tuple[str, str], Any] = {}
-
-
-def enable(store: RedisStore, deadline_s: float) -> None:
-    import importlib
-
-    from torch._inductor import remote_cache
-
-    global _store, _leases, _deadline_s
-    _store, _deadline_s = store, deadline_s
-    _leases = Leases(
-        store.client,
-        max_hold_s=deadline_s,
-        on_stale=lambda n: store.count({Counter.STALE_LEASES: n}),
-    )
-    hook_compile_fx()
-    for name, backend in _OVERRIDES.items():
-        cls = getattr(remote_cache, name, None)
-        if cls is not None:
-            _saved[("override", name)] = cls.backend_override_cls
-            cls.backend_override_cls = backend
-    import torch
-
-    # The autotune caches serve Triton autotuning only; on a machine without a GPU Inductor
-    # asserts a GPU backend hash as soon as they are on, so they stay as configured there.
-    gpu = torch.cuda.is_available()
-    for module_name, attr in _CONFIG:
-        if "autotune" in attr and not gpu:
-            continue
-        module = importlib.import_module(module_name)
-        if hasattr(module, attr):
-            _saved[(module_name, attr)] = getattr(module, attr)
-            setattr(module, attr, True)
-
-
 _COMPILE_FX = "torch._inductor.compile_fx"
-_wrapped: tuple[Any, Any] | None = None  # (compile_fx module, its own _compile_fx_inner)
 
 
-def hook_compile_fx() -> None:
-    """Release graph leases after each compile, now or once ``compile_fx`` has loaded. Like
-    remote.enable: called again by install()'s second call, for ``compileq run``, which
-    installs while ``compile_fx`` is still loading."""
-    import_hooks.after_import(_COMPILE_FX, _release_leases_after_each_compile)
+class GraphCache(Feature):
+    """Inductor's remote caches backed by the store, and graph leases released after each
+    compile however it ends."""
+
+    name = "graph-cache"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.store: RedisStore | None = None
+        self.leases: Leases | None = None
+        self.deadline_s = 60.0
+
+    def wanted(self, ctx: Context) -> bool:
+        return ctx.settings.graph_cache
+
+    def imports(self) -> dict[str, Callable[[Any], None]]:
+        # Now or once ``compile_fx`` has loaded: install()'s second call comes for ``compileq
+        # run``, which installs while ``compile_fx`` is still loading.
+        return {_COMPILE_FX: self._release_leases_after_each_compile}
+
+    def enable(self, ctx: Context) -> None:
+        self.start(ctx.store, ctx.settings.deadline_s)
+
+    def start(self, store: RedisStore, deadline_s: float) -> None:
+        """``enable`` with only what it needs (tests call it so)."""
+        import importlib
+
+        import torch
+        from torch._inductor import remote_cache
+
+        self.store, self.deadline_s = store, deadline_s
+        self.leases = Leases(
+            store.client,
+            max_hold_s=deadline_s,
+            on_stale=lambda n: store.count({Counter.STALE_LEASES: n}),
+        )
+        self.hook()
+        for name, backend in _OVERRIDES.items():
+            cls = getattr(remote_cache, name, None)
+            if cls is not None:
+                self.patches.set(cls, "backend_override_cls", backend)
+        # The autotune caches serve Triton autotuning only; on a machine without a GPU Inductor
+        # asserts a GPU backend hash as soon as they are on, so they stay as configured there.
+        gpu = torch.cuda.is_available()
+        for module_name, attr in _CONFIG:
+            if "autotune" in attr and not gpu:
+                continue
+            module = importlib.import_module(module_name)
+            if hasattr(module, attr):
+                self.patches.set(module, attr, True)
+
+    def disable(self) -> None:
+        super().disable()
+        self.store = self.leases = None
+
+    def _release_leases_after_each_compile(self, module: Any) -> None:
+        """Wrap ``compile_fx._compile_fx_inner`` (looked up at each call by
+        ``compile_fx_inner``): the graph leases a compile takes are released when it ends,
+        however it ends. Only the FX-graph cache's put releases them otherwise, and Inductor
+        skips the put when the compile raises or the graph is not cacheable; waiters then
+        waited out the deadline."""
+        if hasattr(module, "_compile_fx_inner"):  # else compile_fx is still loading
+            self.patches.wrap(module, "_compile_fx_inner", _releasing_leases)
 
 
-def _release_leases_after_each_compile(module: Any) -> None:
-    """Wrap ``compile_fx._compile_fx_inner`` (looked up at each call by ``compile_fx_inner``):
-    the graph leases a compile takes are released when it ends, however it ends. Only the
-    FX-graph cache's put releases them otherwise, and Inductor skips the put when the compile
-    raises or the graph is not cacheable; waiters then waited out the deadline."""
-    global _wrapped
-    original = getattr(module, "_compile_fx_inner", None)
-    if _wrapped is not None or original is None:  # done, or compile_fx is still loading
-        return
-
+def _releasing_leases(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def compile_and_release(*args: Any, **kwargs: Any) -> Any:
-        leases = _leases
+        leases = FEATURE.leases
         if leases is None:
             return original(*args, **kwargs)
         with leases.released_after():
             return original(*args, **kwargs)
 
-    module._compile_fx_inner = compile_and_release
-    _wrapped = (module, original)
+    return compile_and_release
+
+
+FEATURE = GraphCache()
+
+
+def enable(store: RedisStore, deadline_s: float) -> None:
+    """The feature on by itself, outside ``install()`` (for tests)."""
+    FEATURE.start(store, deadline_s)
 
 
 def disable() -> None:
-    import importlib
-
-    from torch._inductor import remote_cache
-
-    global _store, _leases, _wrapped
-    for (scope, name), value in _saved.items():
-        if scope == "override":
-            getattr(remote_cache, name).backend_override_cls = value
-        else:
-            setattr(importlib.import_module(scope), name, value)
-    _saved.clear()
-    _store = _leases = None
-    if _wrapped is not None:
-        module, original = _wrapped
-        module._compile_fx_inner = original
-        _wrapped = None
+    FEATURE.disable()

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from compileq._log import log
-from compileq.hooks.ledger import Patches
+from compileq.hooks.feature import Context, Feature
 from compileq.tasks import device_index
 
 #: Ends every FX-graph and AOTAutograd key computed as for ``cuda:0``.
@@ -52,8 +52,6 @@ _HOOKS = (
     "torch._functorch._aot_autograd.autograd_cache.autograd_cache_key",
     "AOTAutogradCache.save",
 )
-
-_patches = Patches("cache entries stay one per GPU index")
 
 
 @dataclass
@@ -77,30 +75,66 @@ _loading: contextvars.ContextVar[_Load | None] = contextvars.ContextVar(
 )
 
 
-def enable() -> None:
-    _patches.enable(
-        {
-            _CODECACHE: _patch_codecache,
-            _OUTPUT_CODE: _patch_output_code,
-            _AOT_CACHE: _patch_aot_cache,
+class IndexFree(Feature):
+    """Key, store and load FX-graph and AOTAutograd entries for every GPU index at once (in a
+    client: a worker's codegen keys nothing, the client that sent the graph does)."""
+
+    name = "index-free"
+    without = "cache entries stay one per GPU index"
+
+    def wanted(self, ctx: Context) -> bool:
+        settings = ctx.settings
+        return settings.graph_cache and settings.index_free_keys and not ctx.in_worker
+
+    def imports(self) -> dict[str, Callable[[Any], None]]:
+        return {
+            _CODECACHE: self._patch_codecache,
+            _OUTPUT_CODE: self._patch_output_code,
+            _AOT_CACHE: self._patch_aot_cache,
         }
-    )
+
+    def _patch_codecache(self, module: Any) -> None:
+        cache, pickler = (
+            getattr(module, "FxGraphCache", None),
+            getattr(module, "FxGraphCachePickler", None),
+        )
+        if cache is None or pickler is None or not hasattr(module, "compiled_fx_graph_hash"):
+            return  # still loading (see import_hooks.after_import)
+        self.patches.wrap(module, "compiled_fx_graph_hash", _keyed)
+        self.patches.wrap(pickler, "__init__", _pickler_init)
+        self.patches.wrap_static(cache, "_save_graph", _save_graph)
+        self.patches.wrap_static(cache, "_lookup_graph", _lookup_graph)
+        self.patches.wrap_static(cache, "cache_hit_post_compile", _hit_post_compile)
+
+    def _patch_output_code(self, module: Any) -> None:
+        graph = getattr(module, "CompiledFxGraph", None)
+        if graph is not None:
+            self.patches.wrap(graph, "prepare_for_serialization", _for_storage)
+
+    def _patch_aot_cache(self, module: Any) -> None:
+        cache = getattr(module, "AOTAutogradCache", None)
+        if cache is None or not hasattr(module, "autograd_cache_key"):
+            return
+        self.patches.wrap(module, "autograd_cache_key", _keyed)
+        self.patches.wrap_static(cache, "save", _aot_save)
 
 
-def hook() -> None:
-    """Wrap Inductor's and AOTAutograd's functions again if enabled (install()'s second
-    call, as ``ddp_aot.hook``)."""
-    _patches.hook()
+FEATURE = IndexFree()
+
+
+def enable() -> None:
+    """The feature on by itself, outside ``install()`` (for tests)."""
+    FEATURE.hook()
 
 
 def disable() -> None:
-    _patches.undo()
+    FEATURE.disable()
 
 
 def active() -> bool:
     """Whether keys are marked (every hook in place: a marked key with an entry stored for
     its own index would be as wrong as none)."""
-    return _patches.enabled and _patches.all_of(_HOOKS)
+    return FEATURE.patches.all_of(_HOOKS)
 
 
 def marked(key: str | None) -> bool:
@@ -350,34 +384,3 @@ def _loads_anywhere(entry: Any) -> bool:
         if not (isinstance(info, tuple) and marked(info[0])):
             return False
     return True
-
-
-# -- hooks -------------------------------------------------------------------------------------
-
-
-def _patch_codecache(module: Any) -> None:
-    cache, pickler = (
-        getattr(module, "FxGraphCache", None),
-        getattr(module, "FxGraphCachePickler", None),
-    )
-    if cache is None or pickler is None or not hasattr(module, "compiled_fx_graph_hash"):
-        return  # still loading (see import_hooks.after_import)
-    _patches.wrap(module, "compiled_fx_graph_hash", _keyed)
-    _patches.wrap(pickler, "__init__", _pickler_init)
-    _patches.wrap_static(cache, "_save_graph", _save_graph)
-    _patches.wrap_static(cache, "_lookup_graph", _lookup_graph)
-    _patches.wrap_static(cache, "cache_hit_post_compile", _hit_post_compile)
-
-
-def _patch_output_code(module: Any) -> None:
-    graph = getattr(module, "CompiledFxGraph", None)
-    if graph is not None:
-        _patches.wrap(graph, "prepare_for_serialization", _for_storage)
-
-
-def _patch_aot_cache(module: Any) -> None:
-    cache = getattr(module, "AOTAutogradCache", None)
-    if cache is None or not hasattr(module, "autograd_cache_key"):
-        return
-    _patches.wrap(module, "autograd_cache_key", _keyed)
-    _patches.wrap_static(cache, "save", _aot_save)

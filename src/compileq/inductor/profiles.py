@@ -58,20 +58,19 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from compileq import keys
 from compileq._log import log, warn_once
-from compileq.hooks import import_hooks
+from compileq.early_settings import env_flag, env_text
+from compileq.hooks.feature import Context, Feature
 
 PROFILE = "profile"
 #: The longest the first compile waits for a fetch still under way; then it goes on without.
 _WAIT_S = 10.0
 #: The life of the lease a process holds while it merges its artifacts into the profile.
 _MERGE_LEASE_MS = 30_000
-
-_fetch: _Fetch | None = None
-_store: Any = None
 
 
 class _Fetch:
@@ -119,7 +118,7 @@ class _Fetch:
 
 def job_id(argv: list[str] | None = None) -> str:
     """This process's job identity (see the module's docstring)."""
-    explicit = os.environ.get("COMPILEQ_JOB_ID")
+    explicit = env_text("job_id")  # Settings.job_id, read without pydantic (before torch)
     if explicit:
         return hashlib.sha256(f"explicit:{explicit}".encode()).hexdigest()
     argv = list(sys.argv if argv is None else argv)
@@ -160,48 +159,69 @@ def profile_key(job: str) -> str:
 
 def prefetch(wanted: bool | None = None) -> None:
     """Start fetching this process's profile (from ``compileq run``'s start-up hook, which
-    reads ``COMPILEQ_PROFILES`` itself: settings would import pydantic before torch)."""
-    global _fetch
+    reads ``COMPILEQ_PROFILES`` by Settings' rule without Settings, which would import pydantic
+    before torch; a bad value is a ConfigError, as Settings makes it)."""
     if wanted is None:
-        wanted = os.environ.get("COMPILEQ_PROFILES", "0").lower() in ("1", "true")
-    if _fetch is not None or not wanted:
+        wanted = env_flag("profiles")
+    if FEATURE.fetch is not None or not wanted:
         return
     try:
-        _fetch = _Fetch(job_id())
-        _fetch.thread.start()
+        FEATURE.fetch = _Fetch(job_id())
+        FEATURE.fetch.thread.start()
     except Exception as e:  # never break the user's program
         log.debug("compileq: no profile prefetch: %s", e)
-        _fetch = None
+        FEATURE.fetch = None
 
 
-def enable(store: Any) -> None:
-    """At install(): load the fetched profile at the first compile; save one at exit."""
-    global _store
-    if _fetch is None:
-        prefetch(wanted=True)  # install() without `compileq run`: the fetch starts now
-    if _store is None:
-        atexit.register(_save_at_exit)
-    _store = store
-    hook_compile_fx()
+class Profiles(Feature):
+    """At install(): load the fetched profile at the first compile; save one at exit (in a
+    client: a worker's codegen belongs to no job)."""
+
+    name = "profiles"
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: The fetch this process started: at start-up under ``compileq run``
+        #: (``prefetch``), else at install(). Kept when the feature is disabled: it is read
+        #: once, by the first compile.
+        self.fetch: _Fetch | None = None
+        self.store: Any = None
+        self._at_exit = False
+
+    def wanted(self, ctx: Context) -> bool:
+        return ctx.settings.profiles and not ctx.in_worker
+
+    def imports(self) -> dict[str, Callable[[Any], None]]:
+        # Again at install()'s second call, once ``compile_fx`` has finished loading
+        # (``compileq run`` installs while it is still loading).
+        return {"torch._inductor.compile_fx": self._load_before_first_compile}
+
+    def enable(self, ctx: Context) -> None:
+        if self.fetch is None:
+            prefetch(wanted=True)  # install() without `compileq run`: the fetch starts now
+        if not self._at_exit:  # once per process; a disabled feature saves nothing
+            atexit.register(_save_at_exit)
+            self._at_exit = True
+        self.store = ctx.store
+        super().enable(ctx)
+
+    def disable(self) -> None:
+        super().disable()
+        self.store = None
+
+    def _load_before_first_compile(self, module: Any) -> None:
+        # Dynamo's Inductor backend looks compile_fx up in its module at each call.
+        self.patches.before_first_call(module, "compile_fx", load)
 
 
-def hook_compile_fx() -> None:
-    """Like fx_remote.enable: called again by install()'s second call, once ``compile_fx``
-    has finished loading (``compileq run`` installs while it is still loading)."""
-    if _store is not None:
-        import_hooks.after_import("torch._inductor.compile_fx", _load_before_first_compile)
-
-
-def _load_before_first_compile(module: Any) -> None:
-    # Dynamo's Inductor backend looks compile_fx up in its module at each call.
-    import_hooks.before_first_call(module, "compile_fx", load)
+FEATURE = Profiles()
 
 
 def load() -> str:
     """Wait for the fetch (bounded) and hand the profile to Inductor; what happened."""
     from compileq.cache.counters import Counter
 
-    fetch = _fetch
+    fetch = FEATURE.fetch
     if fetch is None:
         return "off"
     waited_from = time.monotonic()
@@ -229,9 +249,10 @@ def load() -> str:
         counts[Counter.PROFILE_REJECTED] = 1
     elif outcome in ("missing", "late"):
         counts[Counter.PROFILE_MISSES] = 1
-    if _store is not None:
+    store = FEATURE.store
+    if store is not None:
         try:
-            _store.count(counts)
+            store.count(counts)
         except Exception as e:  # counting must not be what fails a compile
             log.debug("compileq: profile counters not written: %s", e)
     return outcome
@@ -241,7 +262,7 @@ def _save_at_exit() -> None:
     """Merge this process's artifacts into the job's profile, if it compiled anything."""
     from compileq.cache.counters import Counter
 
-    store = _store
+    store = FEATURE.store
     if store is None or "torch._inductor.compile_fx" not in sys.modules:
         return
     try:
@@ -249,7 +270,8 @@ def _save_at_exit() -> None:
 
         inductor, aot = counters["inductor"], counters["aot_autograd"]
         missed = inductor.get("fxgraph_cache_miss") or aot.get("autograd_cache_miss")
-        loaded = _fetch is not None and _fetch.outcome == "loaded"
+        fetch = FEATURE.fetch
+        loaded = fetch is not None and fetch.outcome == "loaded"
         if loaded and not missed:
             return  # nothing new: the profile this process loaded stands
         import torch
@@ -257,7 +279,7 @@ def _save_at_exit() -> None:
         saved = torch.compiler.save_cache_artifacts()
         if saved is None:
             return
-        _merge_into(store, profile_key(_fetch.job if _fetch else job_id()), saved[0])
+        _merge_into(store, profile_key(fetch.job if fetch else job_id()), saved[0])
         store.count({Counter.PROFILE_SAVES: 1})
     except Exception as e:  # EntryTooLarge, Redis gone at exit: the job's result stands
         warn_once("profile-save", "compileq: job profile not saved (%s)", e)

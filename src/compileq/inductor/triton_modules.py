@@ -33,13 +33,10 @@ from compileq._log import log, warn_once
 from compileq.cache.counters import Counter
 from compileq.cache.store import RedisStore
 from compileq.errors import CompileqError
+from compileq.hooks.feature import Context, Feature
 from compileq.scheduler import boundary
 
 KIND = "triton-so"
-_store: RedisStore | None = None
-_manager: type | None = None
-#: Whether compileq set ``knobs.cache.manager_class`` (disable() then unsets it).
-_set = False
 
 
 def module_key(cache_key: str, filename: str) -> str:
@@ -79,7 +76,7 @@ def _not_fetched(cache: Any, filename: str) -> str | None:
 def fetch(cache: Any, filename: str) -> str | None:
     """Write ``filename`` into ``cache`` (a Triton file cache manager) from the store; its path,
     or None where the store has no verified entry (Triton then builds it)."""
-    store = _store
+    store = FEATURE.store
     if store is None:
         return None
     from triton.runtime.cache import FileCacheManager
@@ -105,7 +102,7 @@ def _not_shared(cache_key: str, filename: str, data: bytes) -> None:
 @boundary.guard("the Triton module cache", instead=_not_shared)
 def share(cache_key: str, filename: str, data: bytes) -> None:
     """Store a module Triton built here; failing to only costs other machines a build."""
-    store = _store
+    store = FEATURE.store
     if store is None:
         return
     try:
@@ -119,9 +116,6 @@ def _manager_class() -> type:
     """Triton's file cache manager, with C modules served from and shared to the store (a
     class made at enable(): importing Triton at compileq's import would cost every process
     that never compiles)."""
-    global _manager
-    if _manager is not None:
-        return _manager
     from triton.runtime.cache import FileCacheManager
 
     class CompileqCacheManager(FileCacheManager):  # type: ignore[misc]
@@ -142,39 +136,50 @@ def _manager_class() -> type:
                 share(self.key, filename, data)
             return path
 
-    _manager = CompileqCacheManager
-    return _manager
+    return CompileqCacheManager
 
 
-def enable(store: RedisStore) -> None:
-    """Serve Triton's C modules from ``store``, unless a cache manager is configured already
+class TritonModules(Feature):
+    """Serve Triton's C modules from the store, unless a cache manager is configured already
     (``TRITON_CACHE_MANAGER`` or ``knobs.cache.manager_class``)."""
-    global _store, _set
-    try:
-        from triton import knobs
-    except ImportError:  # no Triton here, or one older than its knobs: Triton as it is
-        return
-    manager = _manager_class()
-    try:
-        current = knobs.cache.manager_class  # imports what TRITON_CACHE_MANAGER names
-    except Exception as e:  # a bad TRITON_CACHE_MANAGER is Triton's to report, at its use
-        current = e
-    if current is not None and current is not manager:
-        warn_once(
-            "triton-manager",
-            "compileq: Triton cache manager %s is configured; Triton's C modules not shared",
-            getattr(current, "__name__", current),
-        )
-        return
-    knobs.cache.manager_class = manager
-    _store, _set = store, True
+
+    name = "triton-modules"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.store: RedisStore | None = None
+        #: The manager class, made once per process (a second class would read as a
+        #: manager someone else configured).
+        self.manager: type | None = None
+
+    def wanted(self, ctx: Context) -> bool:
+        return ctx.settings.graph_cache
+
+    def enable(self, ctx: Context) -> None:
+        try:
+            from triton import knobs
+        except ImportError:  # no Triton here, or one older than its knobs: Triton as it is
+            return
+        if self.manager is None:
+            self.manager = _manager_class()
+        try:
+            current = knobs.cache.manager_class  # imports what TRITON_CACHE_MANAGER names
+        except Exception as e:  # a bad TRITON_CACHE_MANAGER is Triton's to report, at its use
+            current = e
+        if current is not None and current is not self.manager:
+            warn_once(
+                "triton-manager",
+                "compileq: Triton cache manager %s is configured; Triton's C modules not shared",
+                getattr(current, "__name__", current),
+            )
+            return
+        # Put back by deleting it: TRITON_CACHE_MANAGER's default, none.
+        self.patches.set(knobs.cache, "manager_class", self.manager)
+        self.store = ctx.store
+
+    def disable(self) -> None:
+        super().disable()
+        self.store = None
 
 
-def disable() -> None:
-    global _store, _set
-    _store = None
-    if _set:
-        from triton import knobs
-
-        del knobs.cache.manager_class  # back to TRITON_CACHE_MANAGER's default: none
-        _set = False
+FEATURE = TritonModules()

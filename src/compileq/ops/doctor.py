@@ -20,11 +20,12 @@ from compileq import keys
 from compileq._text import printable
 from compileq.cache import liveness
 from compileq.cache.counters import Counter, Reason, read_counters, read_fallback_reasons
-from compileq.config import Settings, is_sentinel, parse_sentinel_url, redact
+from compileq.config import Settings, redact
 from compileq.connect import redis_client
 from compileq.errors import CompileqError, ConfigError
 from compileq.fingerprint import Target, differences, flatten
 from compileq.ops import sentinel
+from compileq.sentinel_url import is_sentinel, parse_sentinel_url
 from compileq.tasks.probe import check_probe
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"

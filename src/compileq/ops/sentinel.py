@@ -21,8 +21,9 @@ from typing import Any, cast
 
 import redis
 
-from compileq.config import SentinelUrl, Settings
+from compileq.config import Settings
 from compileq.connect import master_name, sentinels
+from compileq.sentinel_url import SentinelUrl
 
 
 @dataclass

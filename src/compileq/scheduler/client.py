@@ -6,10 +6,15 @@ worker if one is live for the kernel's queue, else locally — and everybody els
 announcement on ``compileq:done``. Whatever goes wrong (Redis gone, no worker, a worker failing,
 a deadline passing) the kernel is built locally, so a training job never fails or hangs
 because of compileq.
+
+Leasing, sending and reading announcements are the round trip every job kind shares
+(``roundtrip.py``); the client's own part is the futures, the listener thread that resolves
+them as kernels come and go, and the local builds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
 import socket
@@ -23,24 +28,20 @@ from typing import Any
 
 import redis
 
-from compileq import keys
 from compileq._log import first_time, log, warn_once
 from compileq.cache import meta
 from compileq.cache.counters import Counter, Reason, fallback
 from compileq.cache.store import Entry, RedisStore
-from compileq.config import Settings, redact
+from compileq.config import Settings
 from compileq.connect import redis_client
 from compileq.errors import CompileqError, EntryTooLarge
-from compileq.scheduler import boundary, leases
+from compileq.scheduler import boundary, leases, roundtrip
 from compileq.scheduler.local import LocalBuilder
 from compileq.scheduler.progress import progress
 from compileq.scheduler.routing import Router
 from compileq.tasks import broker, events
-from compileq.tasks.app import COMPILE_TRITON, client_app
+from compileq.tasks.app import client_app
 from compileq.tasks.jobs import TRITON, TritonJob, key_of
-
-#: Safety net under pub/sub, which is at-most-once: pending keys are re-read this often.
-_POLL_S = 1.0
 
 
 class Outcome(str, enum.Enum):
@@ -308,17 +309,10 @@ class KernelClient:
         """Take each key's lease; return the flights this client now owns (the rest wait).
 
         Unlike ``leases.Leases`` (FX graphs, built in this process and refreshed while it
-        lives), a kernel lease is handed on: the worker that builds deletes it. So it is a
-        plain fixed lease of one deadline, after which waiters build locally anyway.
+        lives), a kernel lease is handed on: the worker that builds deletes it. So it is the
+        round trip's fixed lease (``roundtrip.lease_ms``), past which waiters build locally.
         """
-        lease_ms = int(self._settings.deadline_s * 1000)
-        taken = leases.take_many(
-            self._redis,
-            [f.key for f in flights],
-            self._id,
-            lease_ms,
-            lambda n: self._store.count({Counter.STALE_LEASES: n}),
-        )
+        taken = roundtrip.take(self, [f.key for f in flights])
         owned = []
         for f, took in zip(flights, taken, strict=True):
             f.owner = bool(took)
@@ -327,45 +321,21 @@ class KernelClient:
         return owned
 
     def _enqueue(self, flights: list[_Flight]) -> None:
+        """Send the jobs of ``flights`` (leased by this client); what cannot be sent is built
+        here, its lease kept until then: the local build announces it to whoever waits."""
         if not flights:
             return
-        # The job outlives the lease: a message may sit in a busy queue past the client's
-        # deadline, and the worker then finds the artifact the client built and skips it.
-        ttl = self._settings.visibility_timeout_s * 2
-        pipe = self._redis.pipeline(transaction=False)
-        too_large: list[_Flight] = []
-        for f in flights:
-            try:
-                sealed = self._store.seal(keys.job(f.key), f.job.to_json())
-            except EntryTooLarge as e:
-                warn_once("job-too-large", "compileq: %s; building it locally", e)
-                too_large.append(f)
-                continue
-            pipe.set(keys.job(f.key), sealed, ex=ttl)
-        pipe.execute()
-        if too_large:
-            self._fall_back(too_large, Reason.SIZE_CAP)
-            flights = [f for f in flights if f not in too_large]
-        sent = []
-        try:
-            for f in flights:
-                self._app.send_task(COMPILE_TRITON, args=[f.key], queue=f.queue, task_id=f.key)
-                sent.append(f)
-        except Exception as e:  # kombu raises its own OperationalError family
-            unsent = flights[len(sent) :]
-            if broker.is_full(e):
-                # A noeviction broker at maxmemory: reachable, but it refuses every write.
-                # Told apart because the fix is the broker's memory, not the network.
-                warn_once(
-                    "broker-full",
-                    "compileq: the broker Redis at %s is full and refuses new build messages "
-                    "(%s); compiling locally (raise its maxmemory or drain its queues)",
-                    redact(self._settings.broker),
-                    e,
-                )
-            else:
-                warn_once("broker", "compileq: cannot reach the broker (%s); compiling locally", e)
-            self._fall_back(unsent, Reason.BROKER)
+        by_key = {f.key: f for f in flights}
+        sent = roundtrip.enqueue(
+            self,
+            [roundtrip.Job(roundtrip.TRITON, f.key, f.queue, f.job.to_json) for f in flights],
+        )
+        if sent.too_large:
+            error = next(iter(sent.too_large.values()))
+            warn_once("job-too-large", "compileq: %s; building it locally", error)
+            self._fall_back([by_key[k] for k in sent.too_large], Reason.SIZE_CAP)
+        if sent.unsent:  # the broker refused: said once by the round trip
+            self._fall_back([by_key[k] for k in sent.unsent], Reason.BROKER)
 
     # -- local builds -------------------------------------------------------------------------
 
@@ -465,82 +435,62 @@ class KernelClient:
                 target=broker.warn_if_evicting, args=(self._settings,), daemon=True
             ).start()
         # Subscribe before the first lookup: an announcement between a miss and the
-        # subscription would otherwise only be seen by the poll, a second later.
+        # subscription would otherwise only be seen by the poll (roundtrip.POLL_S) later.
         self._subscribed.wait(timeout=self._settings.connect_timeout_s)
 
     def _listen(self) -> None:
-        pubsub = None
-        last_poll = time.monotonic()
-        while not self._closed.is_set():
-            try:
-                if pubsub is None:
-                    if time.monotonic() < self._down_until:
-                        self._closed.wait(0.2)
-                        continue
-                    pubsub = self._redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
-                    pubsub.subscribe(keys.DONE_CHANNEL)
-                    pubsub.get_message(timeout=self._settings.connect_timeout_s)  # confirmation
-                    self._subscribed.set()
-                done: dict[str, events.Done] = {}
-                message = pubsub.get_message(timeout=0.2)
-                while message is not None:
-                    if message.get("type") == "message" and (d := events.parse(message["data"])):
-                        done[d.key] = d
-                    message = pubsub.get_message(timeout=0)
-                if done:
-                    self._settle(done)
-                if time.monotonic() - last_poll >= _POLL_S:
-                    last_poll = time.monotonic()
-                    self.release_orphans()  # Redis answers (again): hand back what we hold
-                    self._poll()
-            except redis.RedisError as e:
-                pubsub = None
-                self._redis_failed(e)
-            except Exception:  # never let the listener die: waiting flights would hang
-                log.exception("compileq: listener error")
-                self._closed.wait(0.2)
+        watcher: roundtrip.Watcher | None = None
+        try:
+            while not self._closed.is_set():
+                try:
+                    if watcher is None:
+                        if time.monotonic() < self._down_until:
+                            self._closed.wait(0.2)
+                            continue
+                        watcher = roundtrip.Watcher(self._store, self._settings.connect_timeout_s)
+                        self._subscribed.set()
+                    done = watcher.announcements(timeout=0.2)
+                    waiting = self._waiting()  # after the wait: flights added meanwhile count
+                    now = time.monotonic()
+                    # The round trip's deadline rule: a flight past its deadline is read once
+                    # more (a forced poll) before it is built here.
+                    late = any(now >= f.deadline for f in waiting)
+                    seen = watcher.check(done, [f.key for f in waiting], force=late)
+                    if seen.polled:
+                        self.release_orphans()  # Redis answers (again): hand back what we hold
+                    self._settle(waiting, seen, now)
+                except redis.RedisError as e:
+                    _closed(watcher)
+                    watcher = None
+                    self._redis_failed(e)
+                except Exception:  # never let the listener die: waiting flights would hang
+                    log.exception("compileq: listener error")
+                    self._closed.wait(0.2)
+        finally:
+            _closed(watcher)
 
     def _waiting(self) -> list[_Flight]:
         with self._lock:
             return [f for f in self._flights.values() if f.state is _State.WAITING]
 
-    def _settle(self, done: dict[str, events.Done]) -> None:
-        waiting = {f.key: f for f in self._waiting() if f.key in done}
-        ok = [f for k, f in waiting.items() if done[k].ok]
-        for key, flight in waiting.items():
-            if not done[key].ok:
-                warn_once(
-                    "remote-failed",
-                    "compileq: a remote build failed (%s); compiling locally",
-                    done[key].error,
-                )
-                self._build_locally([flight])
-        # Counted like a deadline miss: the cluster did not deliver (a worker refusing the
-        # job, e.g. for a signature made with another secret), and `fallbacks` is where an
-        # operator looks for kernels that went local.
-        failed = sum(not done[k].ok for k in waiting)
-        self._store.count(
-            {Counter.FALLBACKS: failed}, None, [fallback(Reason.WORKER_ERROR, failed)]
-        )
-        entries = self._store.get_many([f.key for f in ok])
-        for flight, entry in zip(ok, entries, strict=True):
-            if entry is None:  # evicted, or rejected as corrupt: build it here
-                self._build_locally([flight])
-            else:
-                self._resolve(flight, Built(flight.key, entry, Outcome.REMOTE))
-
-    def _poll(self) -> None:
-        waiting = self._waiting()
-        if not waiting:
-            return
-        entries = self._store.get_many([f.key for f in waiting])
-        now = time.monotonic()
-        late = []
-        for flight, entry in zip(waiting, entries, strict=True):
+    def _settle(self, waiting: list[_Flight], seen: roundtrip.Round, now: float) -> None:
+        """End the ``waiting`` flights that ``seen`` (one look of the watcher at ``now``)
+        decides: found, failed (built here), lost (built here) or past their deadline."""
+        lost = set(seen.lost)
+        failed: list[_Flight] = []
+        late: list[_Flight] = []
+        for flight in waiting:
+            entry = seen.found.get(flight.key)
             if entry is not None:
                 self._resolve(flight, Built(flight.key, entry, Outcome.REMOTE))
-            elif now >= flight.deadline:
+            elif flight.key in seen.failed:
+                failed.append(flight)
+            elif flight.key in lost:  # evicted, or rejected as corrupt: build it here
+                self._build_locally([flight])
+            elif now >= flight.deadline:  # read just now (a forced poll), and still missing
                 late.append(flight)
+        if failed:
+            self._failed_remotely(failed, seen.failed)
         if late:
             warn_once(
                 "deadline",
@@ -548,6 +498,28 @@ class KernelClient:
                 self._settings.deadline_s,
             )
             self._fall_back(late, Reason.DEADLINE)
+
+    def _failed_remotely(self, flights: list[_Flight], failed: dict[str, events.Done]) -> None:
+        """Build ``flights`` here: their workers announced a failure (``failed``)."""
+        reasons: dict[Reason, int] = {}
+        for flight in flights:
+            done = failed[flight.key]
+            warn_once(
+                "remote-failed",
+                "compileq: a remote build failed (%s); compiling locally",
+                done.error,
+            )
+            reason = done.reason or Reason.WORKER_ERROR
+            reasons[reason] = reasons.get(reason, 0) + 1
+            self._build_locally([flight])
+        # Counted like a deadline miss: the cluster did not deliver (a worker refusing the
+        # job, e.g. for a signature made with another secret), and `fallbacks` is where an
+        # operator looks for kernels that went local.
+        self._store.count(
+            {Counter.FALLBACKS: len(flights)},
+            None,
+            [fallback(reason, n) for reason, n in reasons.items()],
+        )
 
     # -- endings ------------------------------------------------------------------------------
 
@@ -583,6 +555,13 @@ class KernelClient:
     def _fail(self, flight: _Flight, error: BaseException) -> None:
         if self._take(flight):
             flight.future.set_exception(error)
+
+
+def _closed(watcher: roundtrip.Watcher | None) -> None:
+    """Close ``watcher`` if there is one, whatever state its connection is in."""
+    if watcher is not None:
+        with contextlib.suppress(Exception):
+            watcher.close()
 
 
 def _per_queue(

@@ -7,8 +7,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from compileq.build.triton import build_triton_payload
 from compileq.tasks.jobs import TritonJob
-from compileq.workers.build import build_triton_payload
 
 
 class LocalBuilder:

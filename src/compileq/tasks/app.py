@@ -7,8 +7,9 @@ from typing import Any
 from celery import Celery
 
 from compileq import keys
-from compileq.config import Settings, get_settings, is_sentinel, parse_sentinel_url
+from compileq.config import Settings, get_settings
 from compileq.connect import master_name, sentinel_options
+from compileq.sentinel_url import is_sentinel, parse_sentinel_url
 
 COMPILE_TRITON = "compileq.compile_triton"
 COMPILE_FX = "compileq.compile_fx"
@@ -77,8 +78,9 @@ def _broker(settings: Settings) -> dict[str, Any]:
     return config
 
 
-#: The workers' app (tasks register on it), configured from the environment the supervisor
-#: sets. Read lazily: importing this module must not freeze settings before flags are parsed.
+#: The workers' app (``workers/tasks.py`` registers the tasks on it under the names above),
+#: configured from the environment the supervisor sets. Read lazily: importing this module
+#: must not freeze settings before flags are parsed.
 app = Celery("compileq", set_as_current=False)
 app.add_defaults(lambda: celery_config(get_settings()))
 

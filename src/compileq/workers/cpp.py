@@ -24,7 +24,7 @@ from compileq.cache.counters import Counter
 from compileq.errors import ToolchainMismatch
 from compileq.fingerprint import cpp_toolchain
 from compileq.tasks.cpp_jobs import CXX, IN, KIND, OUT, PCH, CppJob, Header, fill, machine_dirs
-from compileq.workers.execute import WorkerContext, admit, open_job, settle
+from compileq.workers.lifecycle import WorkerContext, admit, failed, open_job, settle
 
 #: One compiler run: Inductor's heaviest kernels take tens of seconds.
 _STEP_TIMEOUT_S = 600.0
@@ -40,7 +40,7 @@ def execute_compile_cpp(task_key: object) -> str:
         ctx.store.put(key, build(job))
     except Exception as e:  # the compiler's error, or EntryTooLarge: the client builds it
         log.warning("compileq worker: C++ build %s failed: %s", key, e)
-        settle(ctx.store.client, key, f"{type(e).__name__}: {e}"[:2000])
+        failed(ctx.store.client, key, e)
         return "failed"
     seconds = time.perf_counter() - started
     name = job.output[len(OUT) + 1 :]

@@ -25,7 +25,7 @@ from compileq.cache.counters import Counter
 from compileq.errors import ToolchainMismatch
 from compileq.tasks.fx_jobs import CODEGEN_ENV, FX, CodegenState, FxJob
 from compileq.tasks.fx_wire import wire
-from compileq.workers.execute import WorkerContext, admit, open_job, settle
+from compileq.workers.lifecycle import WorkerContext, admit, failed, open_job, settle
 
 _installed_pid: int | None = None
 
@@ -45,7 +45,7 @@ def execute_compile_fx(task_key: object) -> str:
         laps.lap("store")
     except Exception as e:  # Inductor's own error, or EntryTooLarge: the client compiles it
         log.warning("compileq worker: FX codegen of %s failed: %s", key, e)
-        settle(client, key, f"{type(e).__name__}: {e}")
+        failed(client, key, e)
         return "failed"
     seconds = laps.total()
     ctx.store.count(

@@ -16,7 +16,7 @@ from compileq._log import log
 def preload(cpu_only: bool) -> None:
     """Import torch, Inductor and Triton once, before Celery forks its pool processes."""
     if cpu_only:
-        from compileq.workers.build import enable_cross_compile
+        from compileq.build.triton import enable_cross_compile
 
         enable_cross_compile()
     import torch._inductor.async_compile

@@ -14,6 +14,8 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from compileq._laps import Laps
@@ -21,7 +23,10 @@ from compileq._log import log
 from compileq.workers.prefork import preload
 
 if TYPE_CHECKING:
-    from compileq.fingerprint import FxToolchain, Target
+    from compileq.cache.store import RedisStore
+    from compileq.config import Settings
+    from compileq.fingerprint import FxToolchain, Target, Toolchain
+    from compileq.workers.heartbeat import Heartbeat
 
 
 def cpu_fx_toolchains(gpus: list[Target]) -> dict[str, FxToolchain]:
@@ -40,6 +45,21 @@ def _ready_line(times: Laps) -> str:
     return f"ready {times.total():.1f}s after its process started ({times.describe(1)})"
 
 
+@dataclass
+class QueuePlan:
+    """What this worker serves: its queues, with the toolchains and the GPU behind them."""
+
+    targets: list[Target]
+    toolchains: dict[Target, Toolchain]
+    queues: list[str]
+    #: GPU graphs by FX target; the targets naming this CPU's vector ISAs join later (late_fx).
+    fx_toolchains: dict[str, FxToolchain]
+    #: The GPUs this worker generates graphs for: none when --cpu-only or after a bad fork check.
+    fx_gpus: list[Target]
+    #: The GPU model whose autotuning candidates this worker times; None when it times none.
+    gpu_name: str | None
+
+
 def main(argv: list[str] | None = None) -> int:
     # Where a slow start goes (imports, fingerprints, probes, the fork check), in every log.
     times = Laps()
@@ -48,6 +68,22 @@ def main(argv: list[str] | None = None) -> int:
     # locks or the GIL-held Python code a stuck process may be stuck in; Celery's own SIGUSR1
     # dump goes through logging and its signal handler, which a hung shutdown can block.
     faulthandler.register(signal.SIGUSR2, all_threads=True)
+    args = _parse_args(argv)
+    settings = _prepare_process(args)
+    times.lap("compileq imports")
+    preload(args.cpu_only)
+    times.lap("torch imports")
+    targets, toolchains = _kernel_toolchains(args.targets)
+    times.lap("kernel toolchains")
+    store = _open_store(settings, times)
+    plan = _plan_queues(args, settings, targets, toolchains, times)
+    host = socket.gethostname()
+    _start(args, settings, store, plan, host, times)
+    _run_celery(args, settings, plan.queues, host)
+    return 0
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="compileq-worker-process")
     parser.add_argument("--name", required=True)
     parser.add_argument("--targets", required=True, help="comma list, e.g. cuda-90-w32")
@@ -58,7 +94,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loglevel", default="INFO")
     parser.add_argument("--metrics-port", type=int, default=None)
     parser.add_argument("--cpus", default="", help="pin to these CPUs (workers.cpus)")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+# -- start-up ----------------------------------------------------------------------------------
+
+
+def _prepare_process(args: argparse.Namespace) -> Settings:
+    """Pin the CPUs, watch CUDA, then import compileq and check its settings (in that order:
+    everything imported or started later inherits the pinning, and is watched)."""
     if args.cpus:  # first: the pool, its compilers and torch's threads inherit it
         from compileq.workers import cpus
 
@@ -68,38 +112,29 @@ def main(argv: list[str] | None = None) -> int:
 
     cuda_fork.prefer_nvml()
     cuda_fork.watch()
-    from compileq import stack_chunks
-    from compileq.cache.store import RedisStore
     from compileq.config import get_settings
-    from compileq.connect import redis_client
-    from compileq.fingerprint import (
-        Target,
-        cpp_toolchain,
-        fx_target,
-        local_fx_toolchain,
-        local_toolchain,
-    )
-    from compileq.tasks import app, triton_queue
-    from compileq.tasks.queues import cpp_queue, fx_queue, tune_queue
-    from compileq.workers import execute, priority, shutdown
-    from compileq.workers.fx_slots import FxSlots
-    from compileq.workers.heartbeat import Heartbeat
-    from compileq.workers.late_fx import LateFxQueues
+    from compileq.tasks.broker import warn_if_evicting
 
     settings = get_settings()
     settings.secret_bytes()  # fail now, not on the first task
-    from compileq.tasks.broker import warn_if_evicting
-
     warn_if_evicting(settings)
-    times.lap("compileq imports")
-    preload(args.cpu_only)
-    times.lap("torch imports")
-    targets = [Target.parse(t) for t in args.targets.split(",")]
-    toolchains = {t: local_toolchain(t) for t in targets}
-    times.lap("kernel toolchains")
-    queues = [triton_queue(toolchains[t], t) for t in targets]
-    client = redis_client(settings.redis_url, settings)
-    store = RedisStore(client, settings)
+    return settings
+
+
+def _kernel_toolchains(names: str) -> tuple[list[Target], dict[Target, Toolchain]]:
+    """The kernel targets of ``--targets``, and this process's toolchain for each."""
+    from compileq.fingerprint import Target, local_toolchain
+
+    targets = [Target.parse(t) for t in names.split(",")]
+    return targets, {t: local_toolchain(t) for t in targets}
+
+
+def _open_store(settings: Settings, times: Laps) -> RedisStore:
+    """The store, as a worker uses it; with the graph cache on, also the C++ cache's."""
+    from compileq.cache.store import RedisStore
+    from compileq.connect import redis_client
+
+    store = RedisStore(redis_client(settings.redis_url, settings), settings)
     # A worker builds only jobs signed with its secret: the cluster shares it, so an entry
     # sealed with another one is stale (a rotation) or planted, and its build replaces it.
     store.replace_foreign = lambda: True
@@ -109,16 +144,54 @@ def main(argv: list[str] | None = None) -> int:
 
         # Finding this CPU's vector ISAs compiles a probe per ISA; shared through the store,
         # a client asking the same question of the same CPU loads them instead of building.
-        cpp_cache.enable(store, Counter.CPP_REMOTE_COMPILES)
+        cpp_cache.FEATURE.start(store, Counter.CPP_REMOTE_COMPILES)
         times.lap("c++ cache")
+    return store
+
+
+# -- queue planning ----------------------------------------------------------------------------
+
+
+def _plan_queues(
+    args: argparse.Namespace,
+    settings: Settings,
+    targets: list[Target],
+    toolchains: dict[Target, Toolchain],
+    times: Laps,
+) -> QueuePlan:
+    """Kernel queues for each target; the C++ queue (fan-out on); FX queues for each GPU this
+    worker generates graphs for; tune queues for its GPU model."""
+    from compileq.fingerprint import cpp_toolchain, fx_target, local_fx_toolchain
+    from compileq.tasks import triton_queue
+    from compileq.tasks.queues import cpp_queue, fx_queue, tune_queue
+
+    queues = [triton_queue(toolchains[t], t) for t in targets]
     if settings.cpp_fanout:
         # Any client's C++ objects, where its compiler, torch and CPU are this worker's.
         queues.append(cpp_queue(cpp_toolchain()))
         times.lap("c++ toolchain")
-    # FX codegen: every worker generates CPU graphs for its own CPU (vector ISAs, compiler);
-    # a GPU worker also generates graphs for its GPU. A --cpu-only worker's --arch targets
-    # are for cross-compiling kernels only: generating a GPU graph needs the GPU. Targets that
-    # name this CPU's vector ISAs join after the worker takes work (workers.late_fx).
+    fx_gpus = _fx_gpus(args, targets)
+    # GPU graphs without a CPU tensor are routed by the GPU alone (see fx_target).
+    fx_toolchains = {fx_target(gpu, cpu=False): local_fx_toolchain(gpu) for gpu in fx_gpus}
+    times.lap("gpu fx toolchains and fork check")
+    queues += [fx_queue(tc, target) for target, tc in fx_toolchains.items()]
+    # Timing autotuning candidates needs the GPU in the pool processes, as GPU graphs do.
+    gpu_name = args.gpu_name if fx_gpus and args.gpu_name else None
+    if gpu_name:
+        queues += [tune_queue(toolchains[t], gpu_name) for t in targets]
+    return QueuePlan(targets, toolchains, queues, fx_toolchains, fx_gpus, gpu_name)
+
+
+def _fx_gpus(args: argparse.Namespace, targets: list[Target]) -> list[Target]:
+    """The GPUs whose graphs this worker generates.
+
+    FX codegen: every worker generates CPU graphs for its own CPU (vector ISAs, compiler); a
+    GPU worker also generates graphs for its GPU. A --cpu-only worker's --arch targets are for
+    cross-compiling kernels only: generating a GPU graph needs the GPU. Targets that name this
+    CPU's vector ISAs join after the worker takes work (workers.late_fx).
+    """
+    from compileq.workers import cuda_fork
+
     fx_gpus = [] if args.cpu_only else targets
     if fx_gpus and not cuda_fork.forks_cleanly():  # checked last: after all setup so far
         log.warning(
@@ -128,61 +201,91 @@ def main(argv: list[str] | None = None) -> int:
             cuda_fork.first_touch() or "(not seen)",
         )
         fx_gpus = []
-    # GPU graphs without a CPU tensor are routed by the GPU alone (see fx_target).
-    fx_toolchains = {fx_target(gpu, cpu=False): local_fx_toolchain(gpu) for gpu in fx_gpus}
-    times.lap("gpu fx toolchains and fork check")
-    queues += [fx_queue(tc, target) for target, tc in fx_toolchains.items()]
-    # Timing autotuning candidates needs the GPU in the pool processes, as GPU graphs do.
-    gpu_name = args.gpu_name if fx_gpus and args.gpu_name else None
-    if gpu_name:
-        queues += [tune_queue(toolchains[t], gpu_name) for t in targets]
-    late_fx = functools.partial(cpu_fx_toolchains, fx_gpus)
-    host = socket.gethostname()
+    return fx_gpus
+
+
+# -- start-up, once the queues are known ------------------------------------------------------
+
+
+def _start(
+    args: argparse.Namespace,
+    settings: Settings,
+    store: RedisStore,
+    plan: QueuePlan,
+    host: str,
+    times: Laps,
+) -> None:
+    """Configure the pool's context, serve metrics, register the tasks, and announce this
+    worker (its heartbeat) once Celery is ready, withdrawing it at shutdown."""
+    from compileq.workers import lifecycle
+    from compileq.workers.fx_slots import FxSlots
+
+    late_fx = functools.partial(cpu_fx_toolchains, plan.fx_gpus)
     worker_id = f"{host}:{args.name}:{os.getpid()}"
-    execute.configure(
-        execute.WorkerContext(
+    lifecycle.configure(
+        lifecycle.WorkerContext(
             settings,
             store,
-            toolchains,
-            fx_toolchains,
+            plan.toolchains,
+            plan.fx_toolchains,
             worker_id,
             FxSlots(args.concurrency),
             late_fx=late_fx,
-            gpu_name=gpu_name,
+            gpu_name=plan.gpu_name,
         )
     )
     if args.metrics_port is not None:
         from compileq.workers import metrics
 
         metrics.serve(args.metrics_port)
-    import compileq.tasks.compile  # noqa: F401  (registers the task with the app)
+    from compileq.workers import tasks  # noqa: F401  (registers the tasks with the app)
+    from compileq.workers.heartbeat import Heartbeat
 
-    info: dict[str, Any] = {
+    info = _worker_info(args, plan, host)
+    heartbeat = Heartbeat(
+        store.client,
+        worker_id,
+        plan.queues,
+        info,
+        settings.heartbeat_interval_s,
+        settings.heartbeat_ttl_s,
+        secret=settings.secret_bytes(),
+    )
+    _connect_signals(args, heartbeat, info, late_fx, times)
+
+
+def _worker_info(args: argparse.Namespace, plan: QueuePlan, host: str) -> dict[str, Any]:
+    """What the heartbeat record says of this worker (read by clients, doctor and localstack)."""
+    return {
         "host": host,
         "name": args.name,
         "gpu": args.gpu,
-        "gpu_name": gpu_name,
+        "gpu_name": plan.gpu_name,
         "cpu_only": args.cpu_only,
         "concurrency": args.concurrency,
-        "queues": queues,
-        "toolchains": {str(t): tc.describe() for t, tc in toolchains.items()},
-        "fx_toolchains": {t: tc.describe() for t, tc in fx_toolchains.items()},
+        "queues": plan.queues,
+        "toolchains": {str(t): tc.describe() for t, tc in plan.toolchains.items()},
+        "fx_toolchains": {t: tc.describe() for t, tc in plan.fx_toolchains.items()},
         # Until this CPU's vector ISAs are known: what localstack.start_worker waits for.
         "pending": ["cpu fx queues"],
         # What pinning really is: doctor checks each GPU worker sees exactly one device.
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "metrics_port": args.metrics_port,
     }
-    heartbeat = Heartbeat(
-        client,
-        worker_id,
-        queues,
-        info,
-        settings.heartbeat_interval_s,
-        settings.heartbeat_ttl_s,
-        secret=settings.secret_bytes(),
-    )
+
+
+def _connect_signals(
+    args: argparse.Namespace,
+    heartbeat: Heartbeat,
+    info: dict[str, Any],
+    late_fx: Callable[[], dict[str, FxToolchain]],
+    times: Laps,
+) -> None:
     from celery import signals
+
+    from compileq.tasks.queues import fx_queue
+    from compileq.workers import shutdown
+    from compileq.workers.late_fx import LateFxQueues
 
     def joined(late: dict[str, FxToolchain], more: list[str], seconds: float) -> None:
         described = {**info["fx_toolchains"], **{t: tc.describe() for t, tc in late.items()}}
@@ -216,6 +319,17 @@ def main(argv: list[str] | None = None) -> int:
     # finish (warm shutdown); one cut off by the grace period is redelivered (acks late).
     signals.worker_shutting_down.connect(lambda **_: heartbeat.stop(), weak=False)
     signals.worker_shutdown.connect(lambda **_: heartbeat.stop(), weak=False)
+
+
+# -- the Celery call ---------------------------------------------------------------------------
+
+
+def _run_celery(args: argparse.Namespace, settings: Settings, queues: list[str], host: str) -> None:
+    """Prepare what the pool inherits, then run Celery's worker until it shuts down."""
+    from compileq import stack_chunks
+    from compileq.tasks import app
+    from compileq.workers import priority
+
     log.info("compileq worker %s: queues %s", args.name, ", ".join(queues))
     # Everything imported so far (torch, Inductor, Triton: millions of objects) moves to the
     # collector's permanent generation before Celery forks the pool. Otherwise each pool
@@ -245,7 +359,6 @@ def main(argv: list[str] | None = None) -> int:
             "--without-heartbeat",
         ]
     )
-    return 0
 
 
 if __name__ == "__main__":

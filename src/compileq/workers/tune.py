@@ -8,26 +8,23 @@ the same workers serve.
 
 Timings from one GPU are only comparable while nothing else runs on it, so every pool process
 of every worker on this machine pinned to the same GPU takes that GPU's lock (``flock`` on a
-file named after ``CUDA_VISIBLE_DEVICES``) around a benchmark. Rejected: one benchmark per
-worker through Celery's concurrency, which leaves two workers started on one GPU (a supervisor
-restarting a child while its old pool drains) timing each other's kernels.
+file named after ``CUDA_VISIBLE_DEVICES``, ``build/gpu_lock.py``) around a benchmark. Rejected:
+one benchmark per worker through Celery's concurrency, which leaves two workers started on one
+GPU (a supervisor restarting a child while its old pool drains) timing each other's kernels.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import math
 import os
-import tempfile
 import time
-from collections.abc import Iterator
 
 from compileq._log import log
+from compileq.build.gpu_lock import gpu_lock
 from compileq.cache.counters import Counter
 from compileq.errors import ToolchainMismatch
 from compileq.tasks.tune_jobs import KIND, TuneJob, timing_payload
-from compileq.workers.execute import WorkerContext, admit, open_job, settle
+from compileq.workers.lifecycle import WorkerContext, admit, failed, open_job, settle
 
 
 def execute_tune_triton(task_key: object) -> str:
@@ -47,7 +44,7 @@ def execute_tune_triton(task_key: object) -> str:
     try:
         ctx.store.put(key, timing_payload(ms, ctx.worker_id, error))
     except Exception as e:  # EntryTooLarge cannot happen for a few bytes; Redis errors can
-        settle(ctx.store.client, key, f"{type(e).__name__}: {e}")
+        failed(ctx.store.client, key, e)
         return "failed"
     ctx.store.count({Counter.TUNE_REMOTE: 1})
     settle(ctx.store.client, key)
@@ -69,20 +66,6 @@ def benchmark(job: TuneJob) -> float:
     request = job.request
     request.module_cache_key, request.module_path = PyCodeCache.write(job.source)
     return float(request.benchmark())
-
-
-@contextlib.contextmanager
-def gpu_lock() -> Iterator[None]:
-    """Hold this machine's lock of the GPU this process is pinned to."""
-    pin = os.environ.get("CUDA_VISIBLE_DEVICES", "") or "all"
-    name = "".join(c if c.isalnum() or c in "-_" else "_" for c in pin)
-    path = os.path.join(tempfile.gettempdir(), f"compileq-gpu-{name}.lock")
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _load_job(ctx: WorkerContext, key: str) -> TuneJob:

@@ -1,9 +1,15 @@
-"""What a worker does with one ``compile_triton`` message."""
+"""The life of one job on a worker, whatever its kind (Triton, FX, C++, tuning).
+
+A worker process holds one ``WorkerContext``, set before Celery forks its pool. Each task is
+admitted first (``admit``: a malformed key or one already stored needs no work, a job whose
+signature or key fails is refused), its job opened from the store (``open_job``) and, however
+it ends, settled (``settle``): its job and lease dropped and every waiting client told.
+Each job kind's module (``triton``, ``fx``, ``cpp``, ``tune``) does only its own work in between.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -12,17 +18,14 @@ import redis
 
 from compileq import keys
 from compileq._log import log
-from compileq.cache import meta
-from compileq.cache.counters import Counter
+from compileq.cache.counters import Counter, Reason
 from compileq.cache.envelope import open_sealed
 from compileq.cache.store import RedisStore
 from compileq.config import Settings
 from compileq.errors import CompileqError, IntegrityError, ToolchainMismatch
 from compileq.fingerprint import FxToolchain, Target, Toolchain
 from compileq.tasks.events import Done, announce
-from compileq.tasks.jobs import TRITON, TritonJob
-from compileq.tasks.queues import triton_queue
-from compileq.workers.build import build_triton
+from compileq.tasks.portable import StandInCalled
 from compileq.workers.fx_slots import FxSlots
 
 
@@ -103,48 +106,6 @@ def admit(
         return reject(ctx, key, str(e))
 
 
-def execute_compile_triton(task_key: object) -> str:
-    admitted = admit(task_key, TRITON, _load_job)
-    if isinstance(admitted, str):
-        return admitted
-    ctx, key, job = admitted
-    client = ctx.store.client
-
-    target = job.target
-    assert target is not None  # _load_job checked it
-    toolchain = ctx.toolchains[target]
-    queue = triton_queue(toolchain, target)
-    started = time.perf_counter()
-    try:
-        payload = build_triton(job)
-        seconds = time.perf_counter() - started
-        wrote = ctx.store.put(key, payload)
-    except Exception as e:  # the kernel's own error, or EntryTooLarge; never cached as a success
-        ctx.store.count(
-            {Counter.KERNEL_REMOTE_FAILURES: 1}, {queue: {Counter.KERNEL_REMOTE_FAILURES: 1}}
-        )
-        log.warning("compileq worker: build of %s (%s) failed: %s", job.name, key, e)
-        settle(client, key, f"{type(e).__name__}: {e}")
-        return "failed"
-    records = [meta.record_build_time(TRITON, key, job.name, seconds, ctx.worker_id)]
-    if wrote:
-        material = job.key_material(toolchain, target)
-        record = meta.entry_record(
-            material,
-            toolchain.describe(),
-            name=job.name,
-            by=ctx.worker_id,
-            seconds=round(seconds, 4),
-        )
-        records.append(meta.record_entry(key, record, ctx.settings.ttl_s))
-    ctx.store.count(
-        {Counter.KERNEL_REMOTE_COMPILES: 1}, {queue: {Counter.KERNEL_REMOTE_COMPILES: 1}}, records
-    )
-    settle(client, key)
-    log.info("compileq worker: built %s in %.2fs", job.name, seconds)
-    return "built"
-
-
 def open_job(ctx: WorkerContext, key: str) -> bytes:
     """The verified bytes of the job stored for ``key`` (any kind); counted and refused if its
     signature fails, since building it means running what it contains."""
@@ -163,16 +124,6 @@ def open_job(ctx: WorkerContext, key: str) -> bytes:
         raise CompileqError(f"job spec rejected: {e}") from e
 
 
-def _load_job(ctx: WorkerContext, key: str) -> TritonJob:
-    job = TritonJob.from_json(open_job(ctx, key))
-    target = job.target
-    toolchain = ctx.toolchain(target)
-    assert target is not None  # toolchain() refuses a job without one
-    if job.key(toolchain, target) != key:
-        raise ToolchainMismatch("job key does not match this worker's toolchain; not building it")
-    return job
-
-
 def reject(ctx: WorkerContext, key: str, reason: str) -> str:
     """Refuse a task that is malformed or not ours; whoever waits on it is told at once."""
     log.error("compileq worker: rejected task %s: %s", key, reason)
@@ -183,8 +134,45 @@ def reject(ctx: WorkerContext, key: str, reason: str) -> str:
     return "rejected"
 
 
-def settle(client: redis.Redis, key: str, error: str | None = None) -> None:
+def settle(
+    client: redis.Redis, key: str, error: str | None = None, reason: Reason | None = None
+) -> None:
     """End a task (built, failed or rejected): drop its job and lease, then tell every waiting
-    client how it went."""
+    client how it went: for a failure, ``error`` to log and the ``reason`` it counts under
+    (the worker's own error unless said otherwise)."""
     client.delete(keys.lock(key), keys.job(key))
-    announce(client, Done(key, error is None, error))
+    if error is not None and reason is None:
+        reason = Reason.WORKER_ERROR
+    announce(client, Done(key, error is None, error, reason))
+
+
+def failed(client: redis.Redis, key: str, error: BaseException, limit: int = 2000) -> None:
+    """``settle`` for a job whose build raised ``error``: its type and message for the client's
+    log, and the reason it falls back for, decided here from the exception itself."""
+    settle(client, key, f"{type(error).__name__}: {error}"[:limit], failure_reason(error))
+
+
+def failure_reason(error: BaseException) -> Reason:
+    """``unimportable`` when the job needed the client's own code, not only its name: a
+    stand-in of a client class was called (``tasks/portable.py``), a module of the client's
+    is not importable here, or the unpickler found no such attribute in a module that is;
+    else ``worker-error``. The exception and the ones it was raised from are looked at, since
+    Inductor wraps what a lowering raised in its own exception types.
+
+    Rejected alternative (what this replaced): the client searching the error's text for
+    marks. The text is whatever Inductor's wrapper makes of it, and the client only has it
+    from Redis; the type is known only here."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, StandInCalled | ImportError) or _missing_attribute(current):
+            return Reason.UNIMPORTABLE
+        current = current.__cause__ or current.__context__
+    return Reason.WORKER_ERROR
+
+
+def _missing_attribute(error: BaseException) -> bool:
+    """The unpickler's own error for a class or function its module lacks (pickle raises a
+    plain AttributeError, told apart only by the words CPython gives it)."""
+    return isinstance(error, AttributeError) and str(error).startswith("Can't get attribute")

@@ -1,0 +1,99 @@
+"""A feature: one thing compileq changes in torch, as one object that knows when it is wanted,
+how to enable itself, how to finish after a late import, and how to go away.
+
+``compileq.features`` lists them, in order; ``install()`` walks the list once (each feature
+wanted and off is enabled, each wanted and on is hooked again, each on and no longer wanted is
+disabled) and ``uninstall()`` walks it backwards. Modelled on dramatiq's ``Middleware`` and its
+``default_middleware`` list: the order is visible in one place, and a feature's state (its
+client, its store, its replacements in the ledger, its import hooks) is on its object, not in
+module globals.
+
+The rejected alternative, module functions ``enable()``/``disable()``/``hook()`` called by hand
+from ``install()``, wrote each feature's switches twice (first and later call), forgot one on
+uninstall (profiles), and let each module keep its originals its own way (see ``ledger``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from compileq.hooks.ledger import Patches
+
+if TYPE_CHECKING:
+    from compileq.cache.store import RedisStore
+    from compileq.config import Settings
+
+
+@dataclass(frozen=True)
+class Context:
+    """What ``install()`` hands every feature."""
+
+    settings: Settings
+    #: The process's ``KernelClient``. Typed ``Any``: ``hooks`` sits below the scheduler in
+    #: the layers contract (pyproject's ``[tool.importlinter]``), and may not name it.
+    client: Any
+    #: Set in a worker's own FX codegen (``workers/fx.py``): whether a sibling pool process is
+    #: free to take what this one sends. None in a client.
+    on_worker: Callable[[], bool] | None = None
+    #: Whether FX graph codegen goes to workers (``install(fx=...)``, else ``COMPILEQ_FX``).
+    fx: bool = False
+    #: The ``CompileqPool`` Inductor gets as its process pool (``Any``: as ``client``).
+    pool: Any = None
+
+    @property
+    def store(self) -> RedisStore:
+        store: RedisStore = self.client.store
+        return store
+
+    @property
+    def in_worker(self) -> bool:
+        return self.on_worker is not None
+
+
+class Feature:
+    """One of compileq's changes to torch. Subclasses say when they are wanted, and what to
+    wrap once which module is imported (``imports``); ``enable``/``disable`` add their state.
+
+    A feature is enabled at most once at a time (``install`` keeps track); ``hook`` may come
+    any number of times while it is on.
+    """
+
+    #: The feature's name: in the ledger (each entry's ``by``) and in the log.
+    name: ClassVar[str] = "feature"
+    #: What is lost when torch lacks something it wraps, for the log.
+    without: ClassVar[str] = ""
+
+    def __init__(self) -> None:
+        self.patches = Patches(self.name, self.without)
+
+    def __repr__(self) -> str:
+        return f"<feature {self.name}>"
+
+    def wanted(self, ctx: Context) -> bool:
+        """Whether ``install()`` with this context wants the feature on."""
+        return True
+
+    def imports(self) -> Mapping[str, Callable[[Any], None]]:
+        """Module name -> the function that wraps what this feature needs there. Each is run
+        now if its module is imported, else once it is; and again at each ``hook``. It must
+        check that what it wraps is defined (the module may still be loading) and may run
+        twice (the ledger wraps an attribute once per feature)."""
+        return {}
+
+    def enable(self, ctx: Context) -> None:
+        """Turn the feature on. Subclasses set their state first, then call this."""
+        self.hook()
+
+    def hook(self) -> None:
+        """Finish what ``enable`` could not: ``install()``'s second call under ``compileq
+        run`` comes once ``compile_fx`` has loaded, and a module that was still loading at
+        the first call (its function found nothing to wrap, and returned) is complete now."""
+        for module, patch in self.imports().items():
+            self.patches.after_import(module, patch)
+
+    def disable(self) -> None:
+        """Turn the feature off: its import hooks cancelled, its replacements taken out of
+        the ledger (other features' stay). Subclasses clear their state, then call this."""
+        self.patches.undo()
