@@ -260,7 +260,6 @@ class Deferred(Feature):
         #: Set after a misprediction: this process compiles its DDP forwards as stock from
         #: then on (until disabled).
         self.off = False
-        self._client: Any = None
 
     def wanted(self, ctx: Context) -> bool:
         return ctx.fx and ctx.settings.defer_forwards and not ctx.in_worker
@@ -272,17 +271,13 @@ class Deferred(Feature):
             _GRAPH_COMPILE: self._patch_bw_compile,
         }
 
-    def enable(self, ctx: Context) -> None:
-        self._client = ctx.client
-        super().enable(ctx)
-
     def disable(self) -> None:
         super().disable()
-        self._client, self.off = None, False
+        self.off = False
 
     def count(self, counter: Counter) -> None:
         """Count one ``counter`` in the store; a count may be lost, never a compile."""
-        client = self._client
+        client = self.client
         if client is None:
             return
         try:

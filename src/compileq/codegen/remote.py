@@ -31,7 +31,7 @@ import contextlib
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -187,7 +187,6 @@ class RemoteFx(Feature):
 
     def __init__(self) -> None:
         super().__init__()
-        self.client: KernelClient | None = None
         #: Makes the class put where Inductor imports ``_SubprocessFxCompile`` from
         #: (``scheme.RemoteFxCompile``), handed over by ``features.py``: ``scheme`` imports
         #: this module, so this one may not import it (the layers contract), and it can be
@@ -204,14 +203,6 @@ class RemoteFx(Feature):
 
     def imports(self) -> dict[str, Callable[[Any], None]]:
         return {_COMPILE_FX: self._activate}
-
-    def enable(self, ctx: Context) -> None:
-        self.client = ctx.client
-        super().enable(ctx)
-
-    def disable(self) -> None:
-        self.client = None
-        super().disable()
 
     @property
     def active(self) -> bool:
@@ -259,7 +250,7 @@ FEATURE = RemoteFx()
 
 def client() -> KernelClient | None:
     """The client FX codegen goes to workers through; None while the feature is off."""
-    return FEATURE.client
+    return cast("KernelClient | None", FEATURE.client)
 
 
 def active() -> bool:

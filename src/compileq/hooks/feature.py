@@ -67,6 +67,13 @@ class Feature:
 
     def __init__(self) -> None:
         self.patches = Patches(self.name, self.without)
+        #: The context of the ``install()`` that enabled it; None while it is off.
+        self.ctx: Context | None = None
+
+    @property
+    def client(self) -> Any:
+        """The enabling context's ``KernelClient``; None while off (``Any``: see Context)."""
+        return None if self.ctx is None else self.ctx.client
 
     def __repr__(self) -> str:
         return f"<feature {self.name}>"
@@ -83,7 +90,8 @@ class Feature:
         return {}
 
     def enable(self, ctx: Context) -> None:
-        """Turn the feature on. Subclasses set their state first, then call this."""
+        """Turn the feature on. Subclasses set their own state first, then call this."""
+        self.ctx = ctx
         self.hook()
 
     def hook(self) -> None:
@@ -95,5 +103,6 @@ class Feature:
 
     def disable(self) -> None:
         """Turn the feature off: its import hooks cancelled, its replacements taken out of
-        the ledger (other features' stay). Subclasses clear their state, then call this."""
+        the ledger (other features' stay). Subclasses clear their own state after this."""
         self.patches.undo()
+        self.ctx = None

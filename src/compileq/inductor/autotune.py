@@ -46,7 +46,7 @@ import functools
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -314,23 +314,11 @@ class Autotune(Feature):
 
     name = "autotune"
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.client: KernelClient | None = None
-
     def wanted(self, ctx: Context) -> bool:
         return ctx.settings.tune_on_workers
 
     def imports(self) -> dict[str, Callable[[Any], None]]:
         return {_SELECT: self._activate}
-
-    def enable(self, ctx: Context) -> None:
-        self.client = ctx.client
-        super().enable(ctx)
-
-    def disable(self) -> None:
-        super().disable()
-        self.client = None
 
     @property
     def active(self) -> bool:
@@ -363,7 +351,7 @@ FEATURE = Autotune()
 
 def client() -> KernelClient | None:
     """The client timings go to workers through; None while the feature is off."""
-    return FEATURE.client
+    return cast("KernelClient | None", FEATURE.client)
 
 
 def timed(
@@ -403,13 +391,13 @@ def _in_current_process(
         **kwargs: Any,
     ) -> dict[Any, float]:
         def measure(rest: list[Any]) -> dict[Any, float]:
-            with _this_gpu(FEATURE.client, layout):
+            with _this_gpu(client(), layout):
                 return original(cls, rest, input_nodes, layout, input_gen_fns, *args, **kwargs)
 
         # Inputs Inductor makes itself (indices that must stay in range) cannot be remade on a
         # worker from sizes alone; a collective needs every rank in this very process.
         shareable = not input_gen_fns and not kwargs.get("is_collective")
-        return timed(FEATURE.client, choices, measure, shareable)
+        return timed(client(), choices, measure, shareable)
 
     return benchmark_in_current_process
 
@@ -430,7 +418,7 @@ def _in_sub_process(original: Callable[..., dict[Any, float]]) -> Callable[..., 
     def benchmark_in_sub_process(
         choices: Sequence[Any], *args: Any, **kwargs: Any
     ) -> dict[Any, float]:
-        return timed(FEATURE.client, choices, lambda rest: original(rest, *args, **kwargs))
+        return timed(client(), choices, lambda rest: original(rest, *args, **kwargs))
 
     return benchmark_in_sub_process
 

@@ -14,7 +14,7 @@ command line that precompiles it are, and a worker precompiles it once and keeps
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import redis
@@ -37,32 +37,18 @@ class CppFanout(Feature):
 
     name = "cpp-fanout"
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.client: KernelClient | None = None
-        #: In a worker's codegen: whether a sibling pool process is free to take what is sent
-        #: (see ``workers/fx_slots.py``: waiting on busy siblings that wait too would never
-        #: end). None in a client: always.
-        self.on_worker: Callable[[], bool] | None = None
-
     def wanted(self, ctx: Context) -> bool:
         return ctx.settings.graph_cache and ctx.settings.cpp_fanout
-
-    def enable(self, ctx: Context) -> None:
-        self.client, self.on_worker = ctx.client, ctx.on_worker
-        super().enable(ctx)
-
-    def disable(self) -> None:
-        super().disable()
-        self.client = self.on_worker = None
 
 
 FEATURE = CppFanout()
 
 
 def _may_send() -> bool:
-    """Whether what misses may be sent now (in a worker's codegen: a sibling is free)."""
-    on_worker = FEATURE.on_worker
+    """Whether what misses may be sent now: in a worker's codegen, only while a sibling pool
+    process is free to take it (``workers/fx_slots.py``: waiting on busy siblings that wait
+    too would never end); in a client, always."""
+    on_worker = None if FEATURE.ctx is None else FEATURE.ctx.on_worker
     return on_worker is None or on_worker()
 
 
