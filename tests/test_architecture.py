@@ -70,19 +70,29 @@ def test_the_contract_names_every_package_of_compileq_in_its_layers() -> None:
     assert packages <= named, packages - named
 
 
-def test_a_store_module_importing_the_worker_side_breaks_the_contract(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("module", "planted", "reported"),
+    [
+        # upward: the store importing the worker side
+        (
+            "compileq.cache.store",
+            "import compileq.workers.heartbeat",
+            "compileq.cache.store -> compileq.workers.heartbeat",
+        ),
+        # a circle inside one package, invisible to the layers: client imports leases
+        (
+            "compileq.scheduler.leases",
+            "import compileq.scheduler.client",
+            "No cycles are allowed in compileq.scheduler",
+        ),
+    ],
+    ids=["an-upward-import", "a-circle-in-one-package"],
+)
+def test_a_planted_bad_import_breaks_the_contract(
+    tmp_path: Path, module: str, planted: str, reported: str
+) -> None:
     tree = _copy(tmp_path)
-    _plant(tree, "compileq.cache.store", "import compileq.workers.heartbeat  # upward")
+    _plant(tree, module, planted)
     result = _lint(tree)
     assert result.returncode != 0
-    assert "compileq.cache.store -> compileq.workers.heartbeat" in result.stdout
-
-
-def test_two_client_modules_importing_each_other_break_the_contract(tmp_path: Path) -> None:
-    tree = _copy(tmp_path)
-    # leases is imported by client; client imported back from leases is a circle inside
-    # scheduler/, invisible to the layers contract.
-    _plant(tree, "compileq.scheduler.leases", "import compileq.scheduler.client  # circle")
-    result = _lint(tree)
-    assert result.returncode != 0
-    assert "No cycles are allowed in compileq.scheduler" in result.stdout
+    assert reported in result.stdout
