@@ -257,6 +257,34 @@ def test_wrapping_twice_for_one_feature_wraps_once() -> None:
     assert owner.f() == "stock+once" and len(list(ledger)) == 1
 
 
+def test_a_swap_for_one_block_is_in_the_ledger_only_within_it_even_nested_out_of_order() -> None:
+    ledger = Ledger()
+    owner = SimpleNamespace(f="stock")
+    wire = Patches("fx-wire", ledger=ledger)  # one owner, two blocks at once (two threads)
+    first, second = wire.swapped(owner, "f", "first"), wire.swapped(owner, "f", "second")
+    first.__enter__()
+    second.__enter__()
+    assert owner.f == "second" and [e.replacement for e in ledger] == ["first", "second"]
+    first.__exit__(None, None, None)  # the first block ends while the second is still inside
+    assert owner.f == "second" and [e.original for e in ledger] == ["stock"]
+    second.__exit__(None, None, None)
+    assert owner.f == "stock" and list(ledger) == []
+
+
+def test_the_worker_sides_replacements_of_torch_go_through_the_ledger_too() -> None:
+    # The wire's pickler, swapped in for one pickling in client and worker alike.
+    from torch.fx._graph_pickler import GraphPickler
+
+    from compileq.tasks.fx_wire import wire
+
+    stock = GraphPickler.__dict__["dumps"]
+    with wire(1):
+        assert [e.ident for e in LEDGER if e.by == "fx-wire"] == ["GraphPickler.dumps"]
+        assert GraphPickler.__dict__["dumps"] is not stock
+    assert GraphPickler.__dict__["dumps"] is stock
+    assert not [e for e in LEDGER if e.by == "fx-wire"]
+
+
 def test_a_function_wrapped_before_its_first_call_is_put_back_at_that_call() -> None:
     module: Any = ModuleType("compileq_test_module")
     module.double = lambda x: 2 * x

@@ -12,7 +12,10 @@ import os
 import pickle
 import time
 
+from compileq.hooks.ledger import Patches
 from compileq.tasks.jobs import TritonJob
+
+_CROSS_COMPILE = Patches("cross-compile")
 
 
 def _no_gpu_driver() -> None:
@@ -28,7 +31,8 @@ def enable_cross_compile() -> None:
     """
     from torch._inductor.runtime import triton_helpers
 
-    triton_helpers.set_driver_to_gpu = _no_gpu_driver
+    # In the ledger like every replacement of torch's; never undone: the process builds only.
+    _CROSS_COMPILE.set(triton_helpers, "set_driver_to_gpu", _no_gpu_driver)
     # No CUDA context can be made here; make sure nothing tries on a machine that has a GPU.
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 

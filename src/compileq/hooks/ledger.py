@@ -121,6 +121,17 @@ class Ledger:
             self._entries.append(entry)
             return entry
 
+    def push(self, by: str, owner: Any, name: str, value: Any) -> Entry:
+        """Set ``owner.name`` to ``value`` as one more entry, even where ``by`` has one there
+        already: for a replacement that lasts one block (``Patches.swapped``), which may be
+        nested, or made by two threads at once; each is removed on its own."""
+        with self._lock:
+            original = raw(owner, name)
+            entry = Entry(owner, name, original, value, by, lambda _: value)
+            _write(owner, name, value)
+            self._entries.append(entry)
+            return entry
+
     def remove(self, entries: Iterable[Entry]) -> None:
         """Take these entries' replacements away; entries above them on the same attribute
         (other features') stay, made again on what is now below them. Entries not in the
@@ -189,6 +200,17 @@ class Patches:
         """Set ``owner.name`` to ``value`` (a flag, a class), whatever it was or whether it
         was at all; the undo puts back what it was, or deletes it."""
         self._ledger.replace(self.by, owner, name, lambda _: value)
+
+    @contextlib.contextmanager
+    def swapped(self, owner: Any, name: str, value: Any) -> Iterator[None]:
+        """``owner.name`` is ``value`` within the block only, in the ledger meanwhile (so a
+        test walking it sees it); leaving the block takes it away, whatever was stacked on
+        the same attribute since (``Ledger.remove``)."""
+        entry = self._ledger.push(self.by, owner, name, value)
+        try:
+            yield
+        finally:
+            self._ledger.remove([entry])
 
     def before_first_call(self, module: ModuleType, name: str, fn: Callable[[], object]) -> None:
         """Run ``fn()`` once, right before the first call of ``module.name``; then the

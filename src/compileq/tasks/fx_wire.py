@@ -25,6 +25,7 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
+from compileq.hooks.ledger import Patches
 from compileq.tasks import portable
 from compileq.tasks.fx_ops import carries
 
@@ -73,6 +74,10 @@ def _view_reduced(pickler: Any, view: Any) -> Any:
     return _TensorPickleData.unpickle, (data, pickler._unpickle_state)
 
 
+#: ``GraphPickler.dumps`` as compileq's wire writes it, for the length of ``wire()``.
+_WIRE = Patches("fx-wire")
+
+
 @contextlib.contextmanager
 def wire(device_index: int | None = None) -> Iterator[None]:
     """Within: ``GraphPickler.dumps`` pickles with compileq's wire pickler.
@@ -97,11 +102,8 @@ def wire(device_index: int | None = None) -> Iterator[None]:
             )
         return original.__func__(pickler, obj, options)  # type: ignore[no-any-return]
 
-    base.dumps = classmethod(dumps)  # type: ignore[method-assign,assignment]
-    try:
+    with _WIRE.swapped(base, "dumps", classmethod(dumps)):
         yield
-    finally:
-        base.dumps = original  # type: ignore[method-assign]
 
 
 def unpicklable(gm: Any, example_inputs: Any, graph_kwargs: Any, device_index: int | None) -> str:

@@ -23,6 +23,7 @@ from compileq._log import log
 from compileq.cache import meta
 from compileq.cache.counters import Counter
 from compileq.errors import ToolchainMismatch
+from compileq.hooks.ledger import Patches
 from compileq.tasks.fx_jobs import CODEGEN_ENV, FX, CodegenState, FxJob
 from compileq.tasks.fx_wire import wire
 from compileq.workers.lifecycle import WorkerContext, admit, failed, open_job, settle
@@ -84,6 +85,8 @@ def _load_job(ctx: WorkerContext, key: str) -> FxJob:
 
 #: How many of Inductor's own timed phases a graph's log line names, the longest first.
 _TOP_PHASES = 5
+#: The client's donated buffers, swapped in for one codegen (``_codegen_state``).
+_CODEGEN_STATE = Patches("fx-codegen-state")
 
 
 def _inductor_events() -> dict[str, int]:
@@ -204,18 +207,19 @@ def _codegen_state(state: CodegenState) -> Iterator[None]:
     from torch._inductor import graph
 
     threads = torch.get_num_threads()
-    original = getattr(graph, "get_donated_idxs", None)
     if state.threads:
         torch.set_num_threads(state.threads)
-    if original is not None:
-        donated = None if state.donated is None else list(state.donated)
-        graph.get_donated_idxs = lambda: donated
+    donated = None if state.donated is None else list(state.donated)
+    swap = (
+        _CODEGEN_STATE.swapped(graph, "get_donated_idxs", lambda: donated)
+        if hasattr(graph, "get_donated_idxs")
+        else contextlib.nullcontext()
+    )
     try:
-        yield
+        with swap:
+            yield
     finally:
         torch.set_num_threads(threads)
-        if original is not None:
-            graph.get_donated_idxs = original
 
 
 def _install_in_this_process(ctx: WorkerContext) -> None:
