@@ -285,6 +285,22 @@ def test_the_worker_sides_replacements_of_torch_go_through_the_ledger_too() -> N
     assert not [e for e in LEDGER if e.by == "fx-wire"]
 
 
+def test_the_triton_key_seeded_for_torch_211_is_a_ledger_entry_undone_with_its_feature() -> None:
+    from torch._inductor.runtime import triton_compat
+
+    from compileq import fingerprint
+
+    stock = raw(triton_compat, "triton_key")
+    keys = Patches("inductor-keys", ledger=Ledger())
+    fingerprint._seed_triton_compat("memoised", set_attr=keys.set)
+    try:
+        assert triton_compat.triton_key() == "memoised"
+        assert keys.all_of(["torch._inductor.runtime.triton_compat.triton_key"])
+    finally:
+        keys.undo()
+    assert raw(triton_compat, "triton_key") is stock
+
+
 def test_a_function_wrapped_before_its_first_call_is_put_back_at_that_call() -> None:
     module: Any = ModuleType("compileq_test_module")
     module.double = lambda x: 2 * x

@@ -91,14 +91,15 @@ class ProcessPool(Feature):
 
 class InductorKeys(Feature):
     """Inductor's torch_key and triton_key from compileq's on-disk memo (the first compile does
-    not hash torch's and Triton's files again), and Triton pointed at torch's ptxas. Not
-    undone: a seeded key is the value Inductor would compute, and torch's cache of it has no
-    way back."""
+    not hash torch's and Triton's files again), and Triton pointed at torch's ptxas. On torch
+    2.11 the key is seeded by replacing ``triton_compat.triton_key`` (in the ledger, undone on
+    disable); 2.13's own caches of the keys have no way back, and hold the value Inductor would
+    compute anyway."""
 
     name = "inductor-keys"
 
     def enable(self, ctx: Context) -> None:
-        fingerprint.seed_inductor_keys()
+        fingerprint.seed_inductor_keys(self.patches.set)
         fingerprint.use_torch_ptxas()
 
 

@@ -231,8 +231,12 @@ def _triton_identity() -> tuple[str, str]:
     return triton.__version__, hashlib.sha256(_triton_key().encode()).hexdigest()
 
 
-def seed_inductor_keys() -> list[str]:
+def seed_inductor_keys(set_attr: Callable[[Any, str, Any], object] = setattr) -> list[str]:
     """Hand Inductor this process's ``torch_key`` and ``triton_key`` from the on-disk memo.
+
+    ``set_attr`` makes the one replacement of torch's this needs on torch 2.11
+    (:func:`_seed_triton_compat`): a ``Patches.set`` of the ledger's, so that it is undone with
+    the feature that asked (``features.InductorKeys``, a worker's ``prefork``).
 
     Inductor computes both at a process's first compile, by hashing every source file of torch
     and Triton and libtriton itself (0.5-0.8 s on the 2-core CPU machine, in the first step of
@@ -255,7 +259,7 @@ def seed_inductor_keys() -> list[str]:
         for name, value in values.items():
             setter = getattr(getattr(codecache, name, None), "set", None)
             if setter is None and name == "triton_key":
-                setter = _seed_triton_compat
+                setter = functools.partial(_seed_triton_compat, set_attr=set_attr)
             if setter is None:
                 continue
             try:
@@ -270,7 +274,7 @@ def seed_inductor_keys() -> list[str]:
     return seeded
 
 
-def _seed_triton_compat(value: str) -> None:
+def _seed_triton_compat(value: str, set_attr: Callable[[Any, str, Any], object] = setattr) -> None:
     """torch 2.11's Inductor has no ``triton_key`` cache of its own: its ``get_system`` (in
     every FX-graph and AOTAutograd cache key, so in every first compile) imports ``triton_key``
     from ``triton_compat`` at each call, and that is Triton's own ``lru_cache``, which hashes
@@ -288,7 +292,7 @@ def _seed_triton_compat(value: str) -> None:
         return value
 
     triton_key._compileq_seeded = True  # type: ignore[attr-defined]
-    triton_compat.triton_key = triton_key
+    set_attr(triton_compat, "triton_key", triton_key)
 
 
 def use_torch_ptxas() -> None:

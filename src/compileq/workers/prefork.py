@@ -25,8 +25,11 @@ def preload(cpu_only: bool) -> None:
     import torch._inductor.runtime.triton_heuristics  # noqa: F401
 
     from compileq.fingerprint import seed_inductor_keys
+    from compileq.hooks.ledger import Patches
 
-    seed_inductor_keys()  # before the fork, or each pool process's first graph hashes again
+    # Before the fork, or each pool process's first graph hashes again; in the ledger, and
+    # never undone: a worker's process compiles for its whole life.
+    seed_inductor_keys(Patches("worker-keys").set)
     prime_triton_key()
     prime_codegen()
 
