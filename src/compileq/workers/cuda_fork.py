@@ -24,7 +24,10 @@ import os
 import traceback
 from typing import Any
 
+from compileq.hooks.ledger import Patches
+
 _first_touch: list[str] = []
+_WATCH = Patches("cuda-first-touch", "the worker's log does not say where CUDA was first asked")
 
 
 def prefer_nvml() -> None:
@@ -45,9 +48,10 @@ def watch() -> None:
 
         return wrapper
 
+    # In the ledger like every replacement of torch's; kept for the worker's life.
     if hasattr(torch._C, "_cuda_getDeviceCount"):
-        torch._C._cuda_getDeviceCount = recording(torch._C._cuda_getDeviceCount)
-    torch.cuda._lazy_init = recording(torch.cuda._lazy_init)
+        _WATCH.wrap(torch._C, "_cuda_getDeviceCount", recording)
+    _WATCH.wrap(torch.cuda, "_lazy_init", recording)
 
 
 def first_touch() -> str | None:
