@@ -113,22 +113,16 @@ class Ledger:
         for the same attribute returns the entry made first."""
         with self._lock:
             found = self.find(by, owner, name)
-            if found is not None:
-                return found
+            return found if found is not None else self.push(by, owner, name, make)
+
+    def push(self, by: str, owner: Any, name: str, make: Callable[[Any], Any]) -> Entry:
+        """Set ``owner.name`` to ``make(what it is now)`` as one more entry, even where ``by``
+        has one there already: for a replacement that lasts one block (``Patches.swapped``),
+        which may be nested, or made by two threads at once; each is removed on its own."""
+        with self._lock:
             original = raw(owner, name)
             entry = Entry(owner, name, original, make(original), by, make)
             _write(owner, name, entry.replacement)
-            self._entries.append(entry)
-            return entry
-
-    def push(self, by: str, owner: Any, name: str, value: Any) -> Entry:
-        """Set ``owner.name`` to ``value`` as one more entry, even where ``by`` has one there
-        already: for a replacement that lasts one block (``Patches.swapped``), which may be
-        nested, or made by two threads at once; each is removed on its own."""
-        with self._lock:
-            original = raw(owner, name)
-            entry = Entry(owner, name, original, value, by, lambda _: value)
-            _write(owner, name, value)
             self._entries.append(entry)
             return entry
 
@@ -206,7 +200,7 @@ class Patches:
         """``owner.name`` is ``value`` within the block only, in the ledger meanwhile (so a
         test walking it sees it); leaving the block takes it away, whatever was stacked on
         the same attribute since (``Ledger.remove``)."""
-        entry = self._ledger.push(self.by, owner, name, value)
+        entry = self._ledger.push(self.by, owner, name, lambda _: value)
         try:
             yield
         finally:
