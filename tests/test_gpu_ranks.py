@@ -204,6 +204,9 @@ def test_a_job_on_cuda_1_loads_every_entry_a_job_on_cuda_0_stored(
     for name in ("fx_remote_compiles", "fx_local_compiles", "aot_misses", "kernel_local_compiles"):
         assert grew.get(name, 0) == 0, (name, grew, second_run.stderr[-3000:])
     assert grew["aot_hits"] >= 1 and grew["fx_hits"] == second["graphs"], grew
+    # Its kernels came inside the FX entries, moved to cuda:1 with the code
+    # (inductor/bundled_kernels.py), not fetched one by one from the store.
+    assert grew.get("kernel_hits", 0) + grew.get("kernel_misses", 0) == 0, grew
     assert entries(client, "fx") == stored + first["graphs"]  # nothing new stored
     # And the code it ran is the code Inductor writes for cuda:1.
     ours, theirs = output_code(loaded / "rank0"), output_code(tmp_path / "reference-code" / "rank0")

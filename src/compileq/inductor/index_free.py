@@ -15,7 +15,9 @@ for every index (``tasks/device_index.py``); here the entries follow:
   every FX key it names is marked too (else a rank would load code for another GPU).
 * **Loaded for cuda:k.** An FX entry found under a marked key has its code rewritten for the
   example inputs' GPU before Inductor writes and loads it (``cache_hit_post_compile``);
-  without one GPU among the inputs it reads as a miss.
+  without one GPU among the inputs it reads as a miss. The kernels bundled in the entry follow
+  the code both ways (``bundled_kernels``), so ``cuda:k`` loads them from the entry as
+  ``cuda:0`` does, with no fetch per kernel.
 
 Why a marked key, and not the key stock would compute for ``cuda:0``: under that key a stock
 process may have stored a graph that also names another GPU, and rewriting its ``cuda:0``
@@ -34,6 +36,7 @@ from typing import Any
 
 from compileq._log import log
 from compileq.hooks.feature import Context, Feature
+from compileq.inductor import bundled_kernels
 from compileq.tasks import device_index
 
 #: Ends every FX-graph and AOTAutograd key computed as for ``cuda:0``.
@@ -319,6 +322,7 @@ def _for_storage(original: Callable[..., Any]) -> Callable[..., Any]:
         original(self)
         index = _storing.get()
         if index:
+            bundled_kernels.move_bundle(self, self.source_code, index, 0)
             device_index.move_graph(self, index, 0)
 
     return prepare_for_serialization
@@ -352,6 +356,9 @@ def _hit_post_compile(original: Callable[..., Any]) -> Callable[..., Any]:
     def cache_hit_post_compile(graph: Any, *args: Any, **kwargs: Any) -> Any:
         load = _loading.get()
         if load is not None:
+            # The bundle first, while the code still reads as stored: its kernels' keys are
+            # the hashes of the sources in it.
+            bundled_kernels.move_bundle(graph, graph.source_code, 0, load.index)
             device_index.move_graph(graph, 0, load.index)
             load.moved = True
         return original(graph, *args, **kwargs)

@@ -70,7 +70,12 @@ def kernel_index(source: str) -> int | None:
 
 def normalise_kernel(source: str) -> str:
     """The kernel source as generated for ``cuda:0``."""
-    return _KERNEL.sub(lambda m: m.group("pre") + "0", source)
+    return kernel_for(source, 0)
+
+
+def kernel_for(source: str, index: int) -> str:
+    """The kernel source as generated for ``cuda:index``."""
+    return _KERNEL.sub(lambda m: m.group("pre") + str(index), source)
 
 
 def retarget_code(code: str, index: int) -> str:
@@ -115,8 +120,6 @@ def retarget_kernel(kernel: Any, index: int) -> None:
     loads the cubins: ``_make_launchers`` guards on it) and, once compiled, from each result's
     ``compile_meta``; nothing else in it names the device.
     """
-    if index == 0:
-        return
     props = getattr(kernel, "device_props", None)
     if props is not None and hasattr(props, "_replace"):
         kernel.device_props = props._replace(index=index)
