@@ -197,10 +197,14 @@ def run_job(
     delta = {k: int(v) - int(before.get(k, 0)) for k, v in after.items() if isinstance(v, int)}
     return {
         "ranks_first_step_s": [r["first_step_s"] for r in ranks],
+        "ranks_steps_s": [r.get("steps_s", [r["first_step_s"]]) for r in ranks],
         "all_done_s": round(max(r["finished_at"] for r in ranks) - launched, 3),
         "distinct_graphs": ranks[0]["graphs"],
         "codegens": delta.get("fx_remote_compiles", 0) + delta.get("fx_local_compiles", 0),
         "fallbacks": delta.get("fallbacks", 0),
+        # Kernels looked up one by one through compileq's pool (not inside an FX entry).
+        "kernel_fetches": delta.get("kernel_hits", 0) + delta.get("kernel_misses", 0),
+        "fx_hits": delta.get("fx_hits", 0),
         "sent_ahead": delta.get("fx_sent_ahead", 0),
         "profiles_loaded": delta.get("profile_loads", 0),
         # AOTAutograd: lookups that missed, and DDP subgraphs loaded or recorded (ddp_aot).
@@ -208,6 +212,7 @@ def run_job(
         # Triton's C modules (cuda_utils, launchers) served from the store, or built here.
         "triton_module_hits": delta.get("triton_module_hits", 0),
         "triton_module_builds": delta.get("triton_module_builds", 0),
+        "triton_module_misses": delta.get("triton_module_misses", 0),
         "ddp_subgraph_loads": delta.get("ddp_subgraph_loads", 0),
         "ddp_subgraph_records": delta.get("ddp_subgraph_records", 0),
         # Forwards compiled on without waiting for their worker, frames compiled again (deferred).

@@ -4,6 +4,8 @@ grouped-query attention, SwiGLU; AdamW; bf16 autocast on a GPU.
 
     python llama_script.py [--device cpu|cuda|cuda:K] [--steps N] [--width W]
                            [--bucket-mb MB] [--fsdp] [--mode MODE] [--dump-code DIR]
+                           [--model NAME] [--compile-blocks] [--dynamic] [--mark-dynamic]
+                           [--compile-optimizer] [--eager]
     torchrun --nproc-per-node 2 llama_script.py ...     # DDP (gloo on CPU, NCCL on GPUs)
     torchrun --nproc-per-node 2 llama_script.py --fsdp  # FSDP2: fully_shard per block
 
@@ -11,6 +13,19 @@ Each rank trains a compiled copy and an eager copy from the same weights and pri
 line: its losses, whether they (and the final weights) equal eager's, the first step's time,
 and how many graphs it compiled (distinct output code) and looked up. ``--dump-code DIR`` writes every output-code module this process
 loaded, for comparing codegen on a worker with codegen in process.
+
+The training configurations of ``python -m bench matrix``:
+
+* ``--model``: ``script`` (the classes below, the default) or a library model built at random
+  from its config, no download: ``hf-llama``, ``hf-gpt2`` (transformers), ``timm-resnet``,
+  ``timm-vit`` (timm; images and 100 classes instead of tokens);
+* ``--compile-blocks``: each block compiled (``Module.compile``) instead of the whole model,
+  as torchtitan does under FSDP2;
+* ``--dynamic``: the sequence (or image) length changes at steps 1 and 2, so Dynamo compiles
+  a dynamic graph after the static one; with ``--mark-dynamic`` the length is dynamic from the
+  first step (``torch._dynamo.mark_dynamic``);
+* ``--compile-optimizer``: the optimizer's step compiled too;
+* ``--eager``: nothing compiled (the baseline a compile's first step is measured against).
 """
 
 from __future__ import annotations
@@ -19,6 +34,7 @@ import argparse
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 #: Wall-clock marks of this process's start (where the time before the first step goes).
@@ -135,6 +151,16 @@ def parse() -> argparse.Namespace:
     p.add_argument(
         "--mode", default=None, help="torch.compile's mode, e.g. max-autotune-no-cudagraphs"
     )
+    p.add_argument("--model", default="script", choices=sorted(MODELS))
+    p.add_argument(
+        "--compile-blocks", action="store_true", help="compile each block, not the model"
+    )
+    p.add_argument("--dynamic", action="store_true", help="another length at steps 1 and 2")
+    p.add_argument(
+        "--mark-dynamic", action="store_true", help="the length marked dynamic from the first step"
+    )
+    p.add_argument("--compile-optimizer", action="store_true", help="compile the optimizer step")
+    p.add_argument("--eager", action="store_true", help="compile nothing")
     p.add_argument("--dump-code", default=None)
     p.add_argument(
         "--rank-caches",
@@ -145,8 +171,79 @@ def parse() -> argparse.Namespace:
     return p.parse_args()
 
 
+class Workload:
+    """What a training step needs of a model: the model, its blocks, a batch, its loss."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.name, self.args = args.model, args
+        self.images = self.name.startswith("timm-")
+
+    def build(self) -> nn.Module:
+        width, layers = self.args.width, self.args.layers
+        if self.name == "script":
+            return Llama(dim=width, layers=layers)
+        if self.name == "hf-llama":
+            from transformers import LlamaConfig, LlamaForCausalLM
+
+            config = LlamaConfig(
+                vocab_size=VOCAB, hidden_size=width, intermediate_size=2 * width,
+                num_hidden_layers=layers, num_attention_heads=max(1, width // 64),
+                num_key_value_heads=max(1, width // 128), max_position_embeddings=512,
+            )  # fmt: skip
+            return LlamaForCausalLM(config)
+        if self.name == "hf-gpt2":
+            from transformers import GPT2Config, GPT2LMHeadModel
+
+            config = GPT2Config(
+                vocab_size=VOCAB, n_embd=width, n_layer=layers, n_head=max(1, width // 64),
+                n_positions=512,
+            )  # fmt: skip
+            return GPT2LMHeadModel(config)
+        import timm
+
+        arch = {"timm-resnet": "resnet26", "timm-vit": "vit_tiny_patch16_224"}[self.name]
+        return timm.create_model(arch, pretrained=False, num_classes=100)
+
+    def blocks(self, model: nn.Module) -> list[nn.Module]:
+        """The repeated units FSDP2 shards and ``--compile-blocks`` compiles one by one."""
+        inner = getattr(model, "module", model)  # DDP's wrapper
+        for path in ("blocks", "model.layers", "transformer.h", "layer1"):
+            owner: object = inner
+            for part in path.split("."):
+                owner = getattr(owner, part, None)
+            if isinstance(owner, nn.ModuleList | nn.Sequential):
+                if path == "layer1":  # a ResNet's four stages
+                    return [getattr(inner, f"layer{i}") for i in range(1, 5)]
+                return list(owner)
+        raise SystemExit(f"{self.name}: no blocks found")
+
+    def batch(self, step: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and targets of a step; with ``--dynamic`` steps 1 and 2 have other lengths."""
+        grow = step if self.args.dynamic and step < 3 else 0
+        if self.images:
+            size = 224 if self.name == "timm-vit" else 128 + 32 * grow
+            images = torch.randn(8, 3, size, size, generator=generator)
+            return images, torch.randint(0, 100, (8,), generator=generator)
+        tokens = torch.randint(0, VOCAB, (4, 33 + 16 * grow), generator=generator)
+        return tokens[:, :-1], tokens[:, 1:]
+
+    def loss(self, out: object, targets: torch.Tensor) -> torch.Tensor:
+        logits = getattr(out, "logits", out)
+        assert isinstance(logits, torch.Tensor)
+        return F.cross_entropy(logits.float().flatten(0, -2), targets.flatten())
+
+
+VOCAB = 256
+MODELS = ("script", "hf-llama", "hf-gpt2", "timm-resnet", "timm-vit")
+
+
 def main() -> None:
     args = parse()
+    if os.environ.get("BENCH_DEBUG_LOG"):  # compileq's debug lines on stderr (bench/matrix.py)
+        import logging
+
+        logging.basicConfig(format="%(asctime)s %(name)s %(message)s")
+        logging.getLogger("compileq").setLevel(logging.DEBUG)
     distributed = "RANK" in os.environ
     rank = int(os.environ.get("RANK", "0"))
     if args.rank_caches:  # read lazily by Inductor and Triton: set before the first compile
@@ -162,13 +259,17 @@ def main() -> None:
 
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
 
+    workload = Workload(args)
     torch.manual_seed(0)
-    model = Llama(dim=args.width, layers=args.layers).to(device)
-    reference = Llama(dim=args.width, layers=args.layers).to(device)
+    model = workload.build().to(device)
+    reference = workload.build().to(device)
     reference.load_state_dict(model.state_dict())
+    if args.compile_blocks and not args.eager:  # before sharding, as torchtitan orders it
+        for block in workload.blocks(model):
+            block.compile(mode=args.mode)
     if distributed and args.fsdp:
-        shard(model, device)
-        shard(reference, device)
+        shard(model, workload.blocks(model), device)
+        shard(reference, workload.blocks(reference), device)
     elif distributed:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -177,36 +278,53 @@ def main() -> None:
         model = DDP(model, device_ids=ids, **cap)  # type: ignore[assignment]
         reference = DDP(reference, device_ids=ids, **cap)  # type: ignore[assignment]
     STARTUP["models built"] = time.time()
-    compiled = torch.compile(model, mode=args.mode)
+    whole = not (args.eager or args.compile_blocks)
+    compiled = torch.compile(model, mode=args.mode) if whole else model
     STARTUP["compile wrapped"] = time.time()
-    optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (model, reference)]
+    # A tensor learning rate: a compiled step does not recompile when a schedule changes it.
+    lr = torch.tensor(1e-3) if args.compile_optimizer else 1e-3
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=lr) for m in (model, reference)]
     generator = torch.Generator().manual_seed(1 + rank)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
 
-    def step(net: nn.Module, optimizer: torch.optim.Optimizer, tokens: torch.Tensor) -> float:
-        with autocast:
-            logits = net(tokens[:, :-1])
-        loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
-        loss.backward()
+    def update(optimizer: torch.optim.Optimizer) -> None:
         optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return float(loss)
 
-    losses, eager, first_step_s, finished_at = [], [], 0.0, 0.0
+    compiled_update = torch.compile(update) if args.compile_optimizer and not args.eager else update
+
+    def step(
+        net: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        batch: tuple[torch.Tensor, ...],
+        fn: Callable[[torch.optim.Optimizer], None] = update,
+    ) -> float:
+        inputs, targets = batch
+        with autocast:
+            out = net(inputs)
+        loss = workload.loss(out, targets)
+        loss.backward()
+        fn(optimizer)
+        optimizer.zero_grad(set_to_none=True)
+        return float(loss.detach())
+
+    losses, eager, steps_s, first_step_s, finished_at = [], [], [], 0.0, 0.0
     phases: dict[str, float] = {}
     for i in range(args.steps):
-        tokens = torch.randint(0, 256, (4, 33), generator=generator).to(device)
+        batch = tuple(t.to(device) for t in workload.batch(i, generator))
+        if args.mark_dynamic:
+            torch._dynamo.mark_dynamic(batch[0], 2 if workload.images else 1)
         if i == 0:
             STARTUP["first step starts"] = time.time()
         started = time.perf_counter()
-        losses.append(step(compiled, optimizers[0], tokens))
+        losses.append(step(compiled, optimizers[0], batch, compiled_update))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        steps_s.append(round(time.perf_counter() - started, 3))
         if i == 0:
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            first_step_s = time.perf_counter() - started
+            first_step_s = steps_s[0]
             finished_at = time.time()
             phases = compile_phases()
-        eager.append(step(reference, optimizers[1], tokens))
+        eager.append(step(reference, optimizers[1], batch))
 
     tolerance = 2e-2 if device.type == "cuda" else 1e-4
     same = all(
@@ -233,6 +351,7 @@ def main() -> None:
         "eager_losses": eager,
         "matches_eager": same,
         "first_step_s": round(first_step_s, 3),
+        "steps_s": steps_s,  # every step of the compiled copy, the first included
         "finished_at": finished_at,  # wall clock at the end of the first step
         "graphs": len(distinct),
         "graph_lookups": sum(
@@ -242,7 +361,7 @@ def main() -> None:
     }
     # The timings go to the result file only: ranks share stdout, and a line longer than the
     # chunks a launcher forwards (srun: 1 KiB) can come out spliced with another rank's.
-    print(json.dumps(result), flush=True)
+    print(json.dumps({k: v for k, v in result.items() if k != "steps_s"}), flush=True)
     if args.rank_caches:
         timings = {"compile_phases": phases, "startup": STARTUP}  # of the first step
         path = Path(args.rank_caches, f"rank{rank}", "result.json")
@@ -260,14 +379,14 @@ def local(p: torch.Tensor) -> torch.Tensor:
     return to_local() if to_local is not None else p
 
 
-def shard(model: Llama, device: torch.device) -> None:
+def shard(model: nn.Module, blocks: list[nn.Module], device: torch.device) -> None:
     """FSDP2 as its docs show it: each block its own unit, then the root."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    for block in model.blocks:
+    for block in blocks:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
 

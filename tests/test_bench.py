@@ -235,3 +235,39 @@ def test_each_autotune_run_is_put_beside_stock_by_time_step_speed_and_picks() ->
     assert runs["compileq"]["picks"]["same"] == 0
     # A run whose step was not timed has no step ratio, rather than a wrong one.
     assert "vs_stock_step" not in runs["compileq-no-fx"]
+
+
+MATRIX = ROOT / "docs" / "bench" / "h100-2026-11-26-matrix"
+
+
+def test_the_matrix_joins_device_calls_and_marks_each_missed_goal() -> None:
+    from bench import matrix
+
+    calls = [json.loads((MATRIX / f"call{n}.json").read_text()) for n in ("1", "2", "3a", "3b")]
+    table = matrix.render(calls)
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in table.splitlines()}
+    # A cell measured in two calls is the later call's; every call's cells are in.
+    assert len([r for r in rows if "/" in r and r != "workload / config"]) == 9
+    dynamic = calls[1]["cells"]["script/dynamic"]
+    # Steady state for `dynamic` is its first three steps (the later lengths compile).
+    assert matrix.ready_s(dynamic["compileq_new"], "dynamic") == round(
+        sum(dynamic["compileq_new"]["ranks_steps_s"][0][:3]), 3
+    )
+    assert matrix.ratios(dynamic)["new/warm"] == 1.58
+    assert "| **1.58** |" in rows["script/dynamic"]  # over 0.6: bold
+    assert "| 0.53 |" in rows["script/ddp"]  # a met goal is plain
+
+
+def test_the_matrix_refuses_a_configuration_this_machine_cannot_run() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "matrix", "--configs", "ddp", "--out", "/nonexistent"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    import torch
+
+    if torch.cuda.device_count() >= 2:
+        pytest.skip("this machine has two GPUs")
+    assert proc.returncode == 2 and "need 2 GPUs" in proc.stderr

@@ -1,0 +1,325 @@
+"""Every training configuration as one matrix: workloads x configurations x runs, stock beside
+compileq in one invocation (``python -m bench matrix``, on a node with two GPUs).
+
+    python -m bench matrix [--workloads script,hf-llama,...] [--configs single,ddp,...]
+                           [--out DIR]
+    python -m bench.matrix --render DIR/matrix.json [more.json ...] [--docs docs/BENCHMARKS.md]
+
+Workloads (``examples/llama_script.py --model``): ``script`` (a Llama-style model defined in the
+training script, run as ``__main__``), ``hf-llama`` and ``hf-gpt2`` (transformers), ``timm-resnet``
+and ``timm-vit`` (timm), all at random init, sized to compile in 10-60 s on an H100.
+
+Configurations: ``single`` (``cuda:0``), ``cuda1`` (``cuda:1`` with every GPU visible), ``ddp``
+and ``fsdp2`` (whole model compiled) and ``fsdp2-block`` (each block compiled) under torchrun
+on two GPUs, ``reduce-overhead`` (CUDA graphs), ``dynamic`` (a second and third length, so a
+dynamic graph after the static one), ``compiled-opt`` (the optimizer step compiled too).
+
+Runs of each cell, each a fresh process tree on fresh local cache dirs (every rank its own):
+``eager``; ``stock_cold`` (stock with its own Redis remote caches on, filling them: the cold
+cost is the same within noise, and a separate filling run would cost a run per cell);
+``stock_warm_local`` (on stock_cold's dirs); ``stock_remote_new`` (empty dirs, stock's remote
+caches warm); ``compileq_cold`` (store emptied, workers' local caches wiped);
+``compileq_new`` (empty dirs, warm cluster). Per run: each rank's time to steady state (the
+first step; the first three for ``dynamic`` and ``reduce-overhead``, whose later steps compile
+or record), all ranks done, losses against eager, graph codegens, kernels fetched one by one,
+fallbacks.
+
+A cell's results are saved as it goes, so a matrix spread over several device calls (each at
+most 10 minutes) is one ``--render`` of their files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.ddp import run_job
+from bench.harness import ROOT, Cluster, new_workdir
+
+WORKLOADS = {
+    "script": ("--model", "script", "--width", "512", "--layers", "8", "--bucket-mb", "4"),
+    "hf-llama": ("--model", "hf-llama", "--width", "512", "--layers", "4"),
+    "hf-gpt2": ("--model", "hf-gpt2", "--width", "512", "--layers", "4"),
+    "timm-resnet": ("--model", "timm-resnet"),
+    "timm-vit": ("--model", "timm-vit", "--layers", "0"),
+}
+#: Each configuration: torchrun's processes (0: plain python) and the script's arguments.
+CONFIGS: dict[str, tuple[int, tuple[str, ...]]] = {
+    "single": (0, ("--device", "cuda:0")),
+    "cuda1": (0, ("--device", "cuda:1")),
+    "ddp": (2, ("--device", "cuda")),
+    "fsdp2": (2, ("--device", "cuda", "--fsdp")),
+    "fsdp2-block": (2, ("--device", "cuda", "--fsdp", "--compile-blocks")),
+    "reduce-overhead": (0, ("--device", "cuda:0", "--mode", "reduce-overhead")),
+    "dynamic": (0, ("--device", "cuda:0", "--dynamic")),
+    "compiled-opt": (0, ("--device", "cuda:0", "--compile-optimizer")),
+    # The CPU's cells (a machine without a GPU: the harness's own test, and the CPU path).
+    "cpu": (0, ("--device", "cpu")),
+    "cpu-fsdp2-block": (2, ("--device", "cpu", "--fsdp", "--compile-blocks")),
+}
+#: Steps to steady state: the first step, or the first three where later steps compile
+#: (another length) or record (CUDA graphs).
+READY_STEPS = {"dynamic": 3, "reduce-overhead": 3}
+#: Each run: its name, bench.ddp's mode, what comes before it, and whose dirs it reuses.
+RUNS = (
+    ("eager", "stock", None, None),
+    ("stock_cold", "stock-remote", "flush", None),
+    # With stock_cold's settings: its remote caches on too (Inductor's config is part of its FX
+    # keys, so a run without them misses every graph stock_cold stored locally).
+    ("stock_warm_local", "stock-remote", None, "stock_cold"),
+    ("stock_remote_new", "stock-remote", None, None),
+    ("compileq_cold", "compileq", "cold", None),
+    ("compileq_new", "compileq", None, None),
+)
+
+
+def gpus_needed(config: str) -> int:
+    nproc, args = CONFIGS[config]
+    if not any(a.startswith("cuda") for a in args):
+        return 0
+    return 2 if nproc or config == "cuda1" else 1
+
+
+def ready_s(run: dict[str, Any], config: str) -> float:
+    """The slowest rank's time to steady state."""
+    k = READY_STEPS.get(config, 1)
+    return round(float(max(sum(steps[:k]) for steps in run["ranks_steps_s"])), 3)
+
+
+def run_cell(
+    cluster: Cluster,
+    workdir: Path,
+    workload: str,
+    config: str,
+    steps: int,
+    extra: list[str],
+    profile: Path | None = None,
+) -> dict[str, Any]:
+    """One cell's runs; ``profile``: a directory for cProfile files of its compileq_new run."""
+    nproc, config_args = CONFIGS[config]
+    args = [*WORKLOADS[workload], *config_args, "--steps", str(steps), *extra]
+    cell: dict[str, Any] = {}
+    for name, mode, before, reuse in RUNS:
+        if before in ("flush", "cold"):
+            cluster.flush()
+        if before == "cold":
+            cluster.wipe_worker_caches()
+        tag = f"{workload}-{config}-{name}"
+        eager = ["--eager"] if name == "eager" else []
+        caches_of = f"{workload}-{config}-{reuse}" if reuse else None
+        started = time.monotonic()
+        try:
+            cprofile = profile if name == "compileq_new" else None
+            run = run_job(cluster, workdir, tag, nproc, [*args, *eager], mode, caches_of, cprofile)
+        except SystemExit as failed:  # one run's failure is a result, not the end of the matrix
+            cell[name] = {"failed": str(failed)[-2000:]}
+            continue
+        run["ready_s"] = ready_s(run, config)
+        run["wall_s"] = round(time.monotonic() - started, 1)
+        cell[name] = run
+        print(f"{tag}: ready {run['ready_s']} s", flush=True)
+    return cell
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    parser = argparse.ArgumentParser(prog="python -m bench matrix", description=__doc__)
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument(
+        "--script-args",
+        default="",
+        help="more arguments for every run of the script, after the workload's (e.g. "
+        "'--width 64 --layers 1' for a small model)",
+    )
+    parser.add_argument(
+        "--cprofile-new",
+        action="store_true",
+        help="run each cell's compileq_new under cProfile (RUN.pstats in --out; its timings "
+        "then carry the profiler's cost)",
+    )
+    parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "bench-out"))
+    args = parser.parse_args(argv)
+    workloads, configs = args.workloads.split(","), args.configs.split(",")
+    if unknown := (set(workloads) - set(WORKLOADS)) | (set(configs) - set(CONFIGS)):
+        parser.error(
+            f"unknown {sorted(unknown)}; workloads {list(WORKLOADS)}, configs {list(CONFIGS)}"
+        )
+    gpus = torch.cuda.device_count()
+    if (needed := max(gpus_needed(c) for c in configs)) > gpus:
+        parser.error(f"configurations {configs} need {needed} GPUs; this machine has {gpus}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    import triton
+
+    meta = {
+        "device": torch.cuda.get_device_name(0) if gpus else "CPU only",
+        "gpus": gpus,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+        "command": " ".join(["python -m bench matrix", *(argv or sys.argv[1:])]),
+    }
+    results: dict[str, Any] = {"meta": meta, "cells": {}}
+    # `timeout` (as on the device) sends SIGTERM: leave through the finally below, which stops
+    # the worker, instead of dying where the signal lands.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    workdir = new_workdir()
+    cluster = Cluster(workdir, gpu=bool(gpus)).start()
+    try:
+        cluster.start_worker(None, gpus="all" if gpus else None)
+        for workload in workloads:
+            for config in configs:
+                extra = args.script_args.split()
+                profile = out if args.cprofile_new else None
+                cell = run_cell(cluster, workdir, workload, config, args.steps, extra, profile)
+                results["cells"][f"{workload}/{config}"] = cell
+                (out / "matrix.json").write_text(json.dumps(results, indent=1))
+    finally:
+        cluster.close()
+        with (out / "matrix-logs.txt").open("w") as joined:  # one file: a device call returns few
+            for log in sorted(workdir.glob("*.log")):
+                joined.write(f"==> {log.name} <==\n{log.read_text(errors='replace')[-20000:]}\n")
+    (out / "matrix.md").write_text(render([results]))
+    print((out / "matrix.md").read_text())
+    return 0
+
+
+# -- the table and the chart ----------------------------------------------------------------
+
+
+#: The issue's goals, drawn on the chart: cold <= 0.7x stock cold, new machine <= 0.6x stock
+#: warm local and <= 0.5x stock remote.
+GOALS = {"cold": 0.7, "new/warm": 0.6, "new/remote": 0.5}
+
+
+def _ready(cell: dict[str, Any], name: str) -> float | None:
+    run = cell.get(name) or {}
+    return run.get("ready_s")
+
+
+def ratios(cell: dict[str, Any]) -> dict[str, float | None]:
+    def ratio(a: str, b: str) -> float | None:
+        x, y = _ready(cell, a), _ready(cell, b)
+        return round(x / y, 2) if x is not None and y else None
+
+    return {
+        "cold": ratio("compileq_cold", "stock_cold"),
+        "new/warm": ratio("compileq_new", "stock_warm_local"),
+        "new/remote": ratio("compileq_new", "stock_remote_new"),
+    }
+
+
+def _s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _x(value: float | None, goal: float) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.2f}" if value <= goal else f"**{value:.2f}**"
+
+
+def render(files: list[dict[str, Any]]) -> str:
+    """One markdown table over every cell of every file (a later file's cell wins)."""
+    cells: dict[str, dict[str, Any]] = {}
+    metas = []
+    for data in files:
+        metas.append(data["meta"])
+        cells.update(data["cells"])
+    lines = [
+        "Time to steady state (s): the slowest rank's first step, the first three for "
+        "`dynamic` and `reduce-overhead`. Ratios in bold miss the goal (cold <= 0.7x stock cold; "
+        "new machine <= 0.6x stock warm local and <= 0.5x stock remote).",
+        "",
+        "| workload / config | eager | stock cold | cq cold | cold ratio | stock warm local "
+        "| stock remote new | cq new | new / warm | new / remote | cq new - eager "
+        "| codegens new | kernel fetches new | fallbacks | losses = eager |",
+        "|---|" + "---|" * 14,
+    ]
+    for name, cell in cells.items():
+        r = ratios(cell)
+        new, eager = _ready(cell, "compileq_new"), _ready(cell, "eager")
+        runs = [run for run in cell.values() if "failed" not in run]
+        failed = [n for n, run in cell.items() if "failed" in run]
+        new_run = cell.get("compileq_new") or {}
+        ok = all(run.get("matches_eager") for run in runs if run is not cell.get("eager"))
+        lines.append(
+            f"| {name} | {_s(eager)} | {_s(_ready(cell, 'stock_cold'))} "
+            f"| {_s(_ready(cell, 'compileq_cold'))} | {_x(r['cold'], GOALS['cold'])} "
+            f"| {_s(_ready(cell, 'stock_warm_local'))} | {_s(_ready(cell, 'stock_remote_new'))} "
+            f"| {_s(new)} | {_x(r['new/warm'], GOALS['new/warm'])} "
+            f"| {_x(r['new/remote'], GOALS['new/remote'])} "
+            f"| {_s(new - eager if new is not None and eager is not None else None)} "
+            f"| {new_run.get('codegens', '-')} | {new_run.get('kernel_fetches', '-')} "
+            f"| {sum(run.get('fallbacks', 0) for run in runs)} "
+            f"| {'yes' if ok else 'NO'}{' (failed: ' + ', '.join(failed) + ')' if failed else ''} |"
+        )
+    devices = sorted(
+        {f"{m['device']} x{m['gpus']}, torch {m['torch']}, triton {m['triton']}" for m in metas}
+    )
+    lines += ["", "Measured on: " + "; ".join(devices) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def chart(files: list[dict[str, Any]], path: Path) -> bool:
+    """Ratios per cell as bars, the goals as lines; False without matplotlib."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells: dict[str, dict[str, Any]] = {}
+    for data in files:
+        cells.update(data["cells"])
+    names = list(cells)
+    fig, ax = plt.subplots(figsize=(max(8.0, 0.9 * len(names)), 4.8))
+    width = 0.27
+    for i, (label, goal) in enumerate(GOALS.items()):
+        values = [ratios(cells[n])[label] or 0.0 for n in names]
+        xs = [x + (i - 1) * width for x in range(len(names))]
+        bars = ax.bar(xs, values, width, label=f"compileq {label}")
+        ax.axhline(
+            goal, ls="--", lw=1, color=bars.patches[0].get_facecolor() if bars.patches else "k"
+        )
+    ax.axhline(1.0, color="gray", lw=1)
+    ax.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=8)
+    ax.set_ylabel("compileq / stock (lower is better)")
+    ax.set_title("Time to steady state, compileq against stock in the same run (goals dashed)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def render_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.matrix --render")
+    parser.add_argument("files", nargs="+")
+    parser.add_argument("--out", default=None, help="matrix.md and matrix.png here")
+    args = parser.parse_args(argv)
+    files = [json.loads(Path(f).read_text()) for f in args.files]
+    table = render(files)
+    print(table)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "matrix.md").write_text(table)
+        chart(files, out / "matrix.png")
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--render"]:
+        raise SystemExit(render_main(sys.argv[2:]))
+    raise SystemExit(main())
