@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup redis docker demo test lint bench bench-hit reliability load clean
+.PHONY: setup redis docker demo test lint bench bench-hit reliability load chaos clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,12 @@ reliability: setup
 # The full-size load test alone: 32 client processes x 200 kernels against 4 workers.
 load: setup
 	$(PY) -m pytest -q -s -m slow tests/test_load.py
+
+# The seeded chaos soak (tests/chaos.py): ten minutes of training-like jobs while a driver kills
+# workers, restarts Redis, fails Sentinel over, fills Redis and plants junk; as root, a worker is
+# also partitioned (network namespaces). Its figures go into docs/RELIABILITY.md ("Chaos soak").
+chaos: setup
+	nice -n 5 $(PY) -m tests.chaos --seed 34 --seconds 600 --doc docs/RELIABILITY.md
 
 lint: setup
 	$(VENV)/bin/lint-imports --no-logo

@@ -126,4 +126,12 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     path = session.config.getoption("--reliability-report")
     rows = session.config.stash[_STASH_ROWS]
     if path and rows:
-        Path(path).write_text(render(rows))
+        Path(path).write_text(render(rows) + _later_sections(Path(path)))
+
+
+def _later_sections(path: Path) -> str:
+    """The sections other tools keep after the table (``make chaos``'s "Chaos soak"), kept
+    as they are when the table is written again."""
+    text = path.read_text() if path.exists() else ""
+    at = text.find("\n## ")
+    return "\n" + text[at + 1 :] if at >= 0 else ""

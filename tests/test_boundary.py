@@ -14,7 +14,7 @@ import redis
 from compileq import keys
 from compileq.cache.counters import Counter, Reason
 from compileq.scheduler import boundary
-from compileq.scheduler.leases import Leases, release, take_many
+from compileq.scheduler.leases import Leases, release, server_ms, signed_value, take_many
 from tests.conftest import RedisServer
 
 
@@ -82,6 +82,14 @@ def _error(error: Exception) -> Future[str]:
     return f
 
 
+_SECRET = b"test-lease-secret"
+
+
+def _another_owners(db: redis.Redis, name: str) -> bytes:
+    """A live lease of another process on ``name``: signed, taken now, for a minute."""
+    return signed_value(_SECRET, name, "another owner", server_ms(db), 60_000).encode()
+
+
 @pytest.fixture
 def db(redis_server: RedisServer) -> redis.Redis:
     client = redis_server.client(7)
@@ -90,7 +98,7 @@ def db(redis_server: RedisServer) -> redis.Redis:
 
 
 def test_a_lease_is_released_when_the_compile_that_took_it_raises(db: redis.Redis) -> None:
-    leases = Leases(db, ttl_s=30)
+    leases = Leases(db, ttl_s=30, secret=_SECRET)
     with pytest.raises(RuntimeError), leases.released_after():
         assert leases.acquire("graph-a")
         raise RuntimeError("the compile failed before it could put")
@@ -98,13 +106,14 @@ def test_a_lease_is_released_when_the_compile_that_took_it_raises(db: redis.Redi
 
 
 def test_release_and_refresh_never_touch_a_lease_someone_else_holds(db: redis.Redis) -> None:
-    leases = Leases(db, ttl_s=0.3)
+    leases = Leases(db, ttl_s=0.3, secret=_SECRET)
     assert leases.acquire("graph-b")
     # Ours expired, and another process took the key meanwhile.
-    db.set(keys.lock("graph-b"), b"another owner", px=60_000)
+    theirs = _another_owners(db, "graph-b")
+    db.set(keys.lock("graph-b"), theirs, px=60_000)
     time.sleep(0.3)  # a refresh round passes: it must not extend theirs to ours
     leases.release("graph-b")
-    assert db.get(keys.lock("graph-b")) == b"another owner"
+    assert db.get(keys.lock("graph-b")) == theirs
     assert 0 < db.pttl(keys.lock("graph-b")) <= 60_000
     assert release(db, "graph-b", "not the owner") is False
 
@@ -114,19 +123,22 @@ def test_a_lease_this_process_holds_is_taken_again_at_once_unless_it_was_lost(
 ) -> None:
     # Inductor looks a graph up a second time inside the compile the first lookup's lease
     # stands for (AOTAutograd's entry found, its FX graph's gone): that must not wait for itself.
-    leases = Leases(db, ttl_s=30)
+    leases = Leases(db, ttl_s=30, secret=_SECRET)
     assert leases.acquire("graph-c") and leases.acquire("graph-c")
     # Expired and taken by another process meanwhile: no longer ours to take.
-    db.set(keys.lock("graph-c"), b"another owner", px=60_000)
+    theirs = _another_owners(db, "graph-c")
+    db.set(keys.lock("graph-c"), theirs, px=60_000)
     assert not leases.acquire("graph-c")
     leases.release("graph-c")
-    assert db.get(keys.lock("graph-c")) == b"another owner"
+    assert db.get(keys.lock("graph-c")) == theirs
 
 
 def test_a_lock_without_an_expiry_is_taken_over_and_reported(db: redis.Redis) -> None:
     db.set(keys.lock("k1"), b"planted")  # no expiry: no compileq lease is ever like this
-    db.set(keys.lock("k2"), b"live owner", px=60_000)
+    db.set(keys.lock("k2"), _another_owners(db, "k2"), px=60_000)
     stale: list[int] = []
-    assert take_many(db, ["k1", "k2", "k3"], "me", 5_000, stale.append) == [True, False, True]
+    taken = take_many(db, ["k1", "k2", "k3"], "me", 5_000, stale.append, secret=_SECRET)
+    assert taken == [True, False, True]
     assert stale == [1]
-    assert db.get(keys.lock("k1")) == b"me" and 0 < db.pttl(keys.lock("k1")) <= 5_000
+    assert (db.get(keys.lock("k1")) or b"").startswith(b"me|")
+    assert 0 < db.pttl(keys.lock("k1")) <= 5_000

@@ -7,6 +7,7 @@ environment, and the escaping case reads a worker record from a private redis-se
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -17,9 +18,12 @@ import pytest
 import compileq
 from compileq._text import printable
 from compileq.cache import liveness
+from compileq.cache.meta import MISS_LOG_LEN
+from compileq.cli import MISSES_KEPT, build_parser
 from compileq.config import Settings, load_settings
 from compileq.early_settings import EARLY_FLAGS, EARLY_TEXTS, env_flag
 from compileq.errors import ConfigError
+from compileq.flags import CONFIG_EXIT
 from compileq.localstack import RedisServer, free_port
 from tests.conftest import FIXTURES, SECRET, compileq_cmd
 from tests.reliability import Recorder
@@ -163,8 +167,12 @@ def test_a_redis_nobody_listens_on_is_named_redacted_and_exit_2(
 
 @pytest.mark.parametrize(
     "bad, expected",
-    [(b'{"name": "\xff\xfe"}', "not UTF-8"), (b"[" * 100_000, "not JSON (nested too deeply)")],
-    ids=["not-utf8", "nested-100000-deep"],
+    [
+        (b'{"name": "\xff\xfe"}', "not UTF-8"),
+        (b"[" * 100_000, "not JSON (nested too deeply)"),
+        (b'{"name": "k", "source": "\\ud800"}', "not UTF-8 text (a lone surrogate escape)"),
+    ],
+    ids=["not-utf8", "nested-100000-deep", "lone-surrogate-escape"],
 )
 def test_a_manifest_line_that_cannot_be_read_is_named_by_file_and_line(
     tmp_path: Path, bad: bytes, expected: str, reliability: Recorder
@@ -343,7 +351,174 @@ def test_run_execs_the_job_without_importing_redis_or_pydantic(tmp_path: Path) -
         capture_output=True,
         text=True,
         timeout=60,
-        env={**os.environ, "COMPILEQ_SECRET": SECRET},
+        # A cluster named: without one, `compileq run` would start this user's local cluster
+        # (tests/test_local_cluster.py), which imports nothing more here either.
+        env={
+            **os.environ,
+            "COMPILEQ_SECRET": SECRET,
+            "COMPILEQ_REDIS_URL": "redis://127.0.0.1:1/0",
+        },
     )
     assert proc.returncode == 0, proc.stderr
     assert "loaded before exec: []" in proc.stdout and "job ran" in proc.stdout, proc.stdout
+
+
+WORKER = ("worker", "--cpu-only", "--arch", "sm_90")
+
+
+@pytest.mark.parametrize(
+    "args, env, expected",
+    [
+        (["stats"], {"COMPILEQ_SECRET": "s\udcff"}, "COMPILEQ_SECRET is not valid: expected UTF-8"),
+        (
+            ["stats", "--redis-url", f"redis://u:{PASSWORD}@[zz/0"],
+            {},
+            "--redis-url='redis://***' is not valid: expected a Redis URL whose host",
+        ),
+        ([], {"COMPILEQ_REDIS_URL": "redis://h\udcff/0"}, "expected a URL of UTF-8 text"),
+        ([], {"COMPILEQ_REDIS_URL": f"redis://{'a' * 100_000}/0"}, "at most 4096 characters"),
+        ([], {"COMPILEQ_REDIS_URL": f"redis://{'a' * 64}.b/0"}, "labels of 1 to 63"),
+        (
+            [],
+            {"COMPILEQ_REDIS_URL": "rediss://127.0.0.1/0?ssl_cert_reqs=bogus"},
+            "ssl_cert_reqs in the URL to be one of none, optional, required",
+        ),
+        (
+            [],
+            {"COMPILEQ_REDIS_URL": "sentinel://h:26379/0?ssl_cert_reqs=bogus"},
+            "ssl_cert_reqs in the URL to be one of",
+        ),
+        (
+            [],
+            {"COMPILEQ_REDIS_URL": "redis://127.0.0.1/0?socket_timeout=inf"},
+            "socket_timeout in the URL to be a finite number",
+        ),
+        (
+            [],
+            {"COMPILEQ_CONNECT_TIMEOUT_S": "inf"},
+            "COMPILEQ_CONNECT_TIMEOUT_S='inf' is not valid",
+        ),
+        ([], {"COMPILEQ_DEADLINE_S": "inf"}, "COMPILEQ_DEADLINE_S='inf' is not valid"),
+        ([], {"COMPILEQ_HEARTBEAT_TTL_S": "nan"}, "COMPILEQ_HEARTBEAT_TTL_S='nan' is not valid"),
+        ([], {"COMPILEQ_DEADLINE_S": "1e300"}, "at most 604800"),
+        ([], {"COMPILEQ_TTL_S": "100000000000000000000"}, "at most 315360000"),
+        (["explain", "--last-misses", "100000000000000000000"], {}, "from 1 to 1000"),
+        (["explain", "--last-misses", "0"], {}, "from 1 to 1000"),
+        ([*WORKER, "--concurrency", "-3"], {}, "--concurrency: -3 is not a whole number"),
+        ([*WORKER, "--metrics-port", "99999"], {}, "--metrics-port: 99999 is not a whole"),
+        ([*WORKER, "--metrics-port", "-5"], {}, "--metrics-port: -5 is not a whole number"),
+        ([*WORKER, "--loglevel", "BOGUS"], {}, "'BOGUS' is not one of DEBUG, INFO"),
+        (["no-such-command"], {}, "invalid choice: 'no-such-command'"),
+    ],
+    ids=lambda v: None,
+)
+def test_every_bad_setting_and_flag_is_one_line_and_exit_2(
+    tmp_path: Path, args: list[str], env: dict[str, str], expected: str
+) -> None:
+    # Bytes that are not UTF-8 reach a process's environment as they are: encoded here as
+    # Python would have decoded them (surrogateescape).
+    raw = {k: os.fsencode(v) for k, v in env.items()}
+    base = {b"PATH": os.fsencode(os.environ["PATH"]), b"HOME": os.fsencode(str(tmp_path))}
+    base[b"COMPILEQ_SECRET"] = SECRET.encode()
+    proc = subprocess.run(
+        compileq_cmd(*(args or ["stats"])),
+        env={**base, **{k.encode(): v for k, v in raw.items()}},
+        capture_output=True,
+        text=True,
+        errors="replace",
+        timeout=60,
+    )
+    line = error_line(proc)
+    assert expected in line, line
+
+
+def test_a_bad_port_is_shown_as_typed_but_a_password_in_its_place_never(tmp_path: Path) -> None:
+    line = error_line(cli(tmp_path, "doctor", "--redis-url", "redis://127.0.0.1:99999/0"))
+    assert "'redis://127.0.0.1:99999/0'" in line, line
+    # `@host` forgotten: what stands where the port goes is the password.
+    line = error_line(cli(tmp_path, "stats", COMPILEQ_REDIS_URL=f"redis://user:{PASSWORD}/0"))
+    assert "'redis://user:***/0'" in line, line
+
+
+def test_a_worker_process_with_a_bad_configuration_exits_once_with_the_config_code(
+    tmp_path: Path,
+) -> None:
+    base = [sys.executable, "-m", "compileq.workers.process", "--name", "cpu"]
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "COMPILEQ_SECRET": SECRET}
+    cases = [
+        ([*base, "--targets", "cuda-90-w32", "--concurrency", "-3"], env, "--concurrency"),
+        (
+            [*base, "--targets", "cuda-90-w32", "--concurrency", "1", "--loglevel", "BOGUS"],
+            env,
+            "--loglevel",
+        ),
+        (
+            [*base, "--targets", "cuda-90-w32", "--concurrency", "1"],
+            {**env, "COMPILEQ_DEADLINE_S": "inf"},
+            "COMPILEQ_DEADLINE_S='inf'",
+        ),
+    ]
+    for argv, child_env, expected in cases:
+        proc = subprocess.run(argv, env=child_env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == CONFIG_EXIT, proc.stderr[-3000:]
+        assert "Traceback" not in proc.stderr and expected in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_the_supervisor_does_not_restart_a_worker_with_a_configuration_error(
+    tmp_path: Path,
+) -> None:
+    # A child that can never start (here: a concurrency no check before it caught, as a
+    # hand-edited deployment could pass) is started once; the supervisor exits 2.
+    script = (
+        "import logging, sys\n"
+        "logging.basicConfig(level=logging.INFO)\n"
+        "from compileq.config import load_settings\n"
+        "from compileq.fingerprint import Target\n"
+        "from compileq.workers import supervisor\n"
+        "spec = supervisor.ChildSpec('cpu', (Target.parse('sm_90'),), -3, True, None)\n"
+        "sys.exit(supervisor.run(load_settings(worker_nice=0), [spec]))\n"
+    )
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "COMPILEQ_SECRET": SECRET}
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.count("started cpu (pid") == 1, proc.stderr
+    assert "cannot start with this configuration; not restarting" in proc.stderr
+
+
+def test_every_subcommand_and_flag_has_help_and_the_top_help_is_plain_text() -> None:
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert set(sub.choices) >= {"worker", "warm", "run", "demo", "stats", "doctor", "explain"}
+    for name, command in sub.choices.items():
+        assert command.description, f"{name} has no description"
+        for action in command._actions:
+            assert action.help and action.help != argparse.SUPPRESS, (name, action.dest)
+    listed = {a.dest: a.help for a in sub._choices_actions}
+    assert all(listed.get(name) for name in sub.choices), listed
+    text = parser.format_help()
+    assert "``" not in text and ":class:" not in text, text
+    assert "compileq stats" in text
+
+
+def test_explain_keeps_as_many_misses_as_it_takes() -> None:
+    assert MISSES_KEPT == MISS_LOG_LEN
+
+
+FLOAT_SETTINGS = [name for name, f in Settings.model_fields.items() if f.annotation is float]
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "Infinity"])
+def test_no_number_setting_takes_a_non_finite_value(
+    value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert len(FLOAT_SETTINGS) >= 7
+    for name in FLOAT_SETTINGS:
+        variable = f"COMPILEQ_{name.upper()}"
+        with monkeypatch.context() as env:
+            env.setenv(variable, value)
+            with pytest.raises(ConfigError) as caught:
+                load_settings()
+            assert str(caught.value).startswith(f"{variable}={value!r} is not valid"), variable

@@ -16,10 +16,11 @@ import pytest
 import redis
 
 from compileq import keys
+from compileq.cache import meta
 from compileq.cache.store import RedisStore
 from compileq.config import Settings
 from compileq.fingerprint import cpp_toolchain
-from compileq.tasks.cpp_jobs import CppJob, Unportable, fill, machine_dirs
+from compileq.tasks.cpp_jobs import KIND, CppJob, Unportable, fill, machine_dirs
 from compileq.tasks.queues import cpp_queue
 from tests.conftest import Env, Worker, compileq_cmd, stats
 
@@ -45,35 +46,50 @@ def run_training(env: Env, tmp: Path, name: str, width: int, **more: str) -> dic
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
-def probe_sources(machine: Path) -> list[Path]:
-    """Inductor's vector-ISA probes compiled on this "machine" (each a local C++ build)."""
-    return [p for p in machine.rglob("*.cpp") if "__avx" in p.read_text(errors="replace")]
-
-
 def precompiled_headers(machine: Path) -> list[Path]:
     return list(machine.rglob("*.h.gch"))
 
 
-def kernel_objects(machine: Path) -> list[Path]:
-    """The graphs' C++ objects on this "machine": those in its Inductor cache dir, the
-    probes' left out (its temporary dir holds other libraries, compileq's stack-chunk keeper)."""
-    probes = {p.with_suffix(".so") for p in probe_sources(machine)}
-    return [p for p in (machine / "inductor").rglob("*.so") if p not in probes]
+def objects_on(machine: Path) -> set[str]:
+    """The C++ objects in this "machine"'s Inductor cache dir, by name: whatever built them."""
+    return {p.name for p in (machine / "inductor").rglob("*.so")}
+
+
+def built_by_workers(client: redis.Redis) -> set[str]:
+    """The C++ objects workers built since the cache was wiped, by name, as each worker
+    recorded its build (``compileq stats``' slowest builds, at most ``SLOW_LEN``)."""
+    return {Path(row["name"]).name for row in meta.slowest(client, KIND, meta.SLOW_LEN)}
+
+
+def isa_verdicts(client: redis.Redis, settings: Settings) -> list[bytes]:
+    """The vector-ISA probes' verdicts the client stored (``cpp_cache``): one per probe it ran,
+    b"1" for each that compiled (each such compile is counted as a local one)."""
+    names = [k.decode() for k in client.scan_iter(match=keys.artifact("isa", "") + "*")]
+    entries = RedisStore(client, settings).get_many(names)
+    return [e.payload() for e in entries if e is not None]
 
 
 def test_a_cold_graphs_cpp_objects_are_built_by_a_worker_and_none_by_the_client(
-    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
+    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path, settings: Settings
 ) -> None:
     width = random.randrange(1001, 5000)  # no other test's: none of its objects exists yet
     result = run_training(env, tmp_path, "client", width)
     assert result == {**result, "matches_eager": True, "compileq": True}
     counters = stats(env, tmp_path)
-    objects = kernel_objects(tmp_path / "client")
-    assert objects, "the graphs built no C++ kernel"
-    # Each kernel object was built by the worker; the client compiled only the ISA probes
-    # that say which vector ISA this CPU has (they must run here, on this CPU).
-    assert counters["cpp_remote_compiles"] >= len(objects)
-    assert counters["cpp_local_compiles"] == len(probe_sources(tmp_path / "client"))
+    # What is counted is what compileq recorded, never a guess from a file's content: on a CPU
+    # with AMX, Inductor also builds an AMX tile probe, which no filter of sources foresaw.
+    remote = built_by_workers(clean_cache)
+    assert remote, "no worker recorded a C++ build"
+    assert counters["cpp_remote_compiles"] >= len(remote)
+    objects = objects_on(tmp_path / "client")
+    assert remote <= objects  # the client loaded every object the workers built for it
+    # The client compiled only the vector-ISA probes that say which ISAs this CPU has (they
+    # must run here, on this CPU): every local compile is a probe that compiled, and every
+    # object in its cache dir that no worker built is such a probe's.
+    verdicts = isa_verdicts(clean_cache, settings)
+    compiled = verdicts.count(b"1")
+    assert counters.get("cpp_local_compiles", 0) <= compiled
+    assert len(objects - remote) <= len(verdicts)
     assert "built C++ object" in worker.log.read_text()
     # Nor did it make Inductor's precompiled header (155 MB, 4.3 s here): only its builds read it.
     assert not precompiled_headers(tmp_path / "client")
@@ -83,20 +99,22 @@ def test_a_cold_graphs_cpp_objects_are_built_by_a_worker_and_none_by_the_client(
     assert again == {**again, "matches_eager": True}
     after = stats(env, tmp_path)
     assert after["cpp_remote_compiles"] == counters["cpp_remote_compiles"]
-    assert after["cpp_hits"] >= counters["cpp_hits"] + len(objects)
+    assert after.get("cpp_local_compiles", 0) == counters.get("cpp_local_compiles", 0)
+    assert after["cpp_hits"] >= counters.get("cpp_hits", 0) + len(remote)
 
 
 def test_with_fan_out_off_the_client_builds_its_cpp_objects_as_before(
-    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
+    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path, settings: Settings
 ) -> None:
     result = run_training(
         env, tmp_path, "client", random.randrange(5001, 9000), COMPILEQ_CPP_FANOUT="0"
     )
     assert result == {**result, "matches_eager": True, "compileq": True}
     counters = stats(env, tmp_path)
-    objects = kernel_objects(tmp_path / "client")
-    assert counters["cpp_local_compiles"] >= len(objects) > 0
-    assert counters.get("cpp_remote_compiles", 0) == 0
+    assert counters.get("cpp_remote_compiles", 0) == 0 and not built_by_workers(clean_cache)
+    # More local compiles than vector-ISA probes that compiled: the graphs' own objects too.
+    compiled_probes = isa_verdicts(clean_cache, settings).count(b"1")
+    assert counters["cpp_local_compiles"] > compiled_probes
     assert precompiled_headers(tmp_path / "client")  # its own builds read it
 
 

@@ -117,3 +117,28 @@ def test_clock_skew_of_a_worker_is_measured_against_redis_time(
     assert check.status == "FAIL" and "worst w:cpu:1 +90.0" in check.detail
     check = doctor_checks._clock_check(client, [{**ahead, "wall": now + 0.01}])
     assert check.status == "ok"
+
+
+def test_doctor_names_the_url_it_used_and_lists_no_gpus_it_does_not_need(
+    redis_server: RedisServer, env: Env, tmp_path: Path
+) -> None:
+    db = 15  # its own database, without workers
+    redis_server.client(db).flushdb()
+    # The variable names one Redis, the flag another: the flag wins and is named.
+    proc = run_cli(
+        env,
+        "doctor",
+        "--redis-url",
+        redis_server.url(db),
+        "--json",
+        tmp=tmp_path,
+        check=False,
+        COMPILEQ_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0",
+    )
+    assert proc.returncode == 1, proc.stderr[-3000:]  # no worker: the workers check fails
+    checks = {c["name"]: c for c in json.loads(proc.stdout.splitlines()[-1])["checks"]}
+    assert checks["cache redis"]["status"] == "ok"
+    assert "(from --redis-url)" in checks["cache redis"]["detail"]
+    assert checks["broker redis"]["detail"] == "same URL as the cache (from --redis-url)"
+    # No worker serves a GPU target here, so the GPUs of this machine were never listed.
+    assert "GPU(s) listed" not in proc.stderr, proc.stderr

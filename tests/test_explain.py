@@ -56,7 +56,7 @@ def test_stats_break_hits_down_per_queue_with_slowest_builds_and_live_workers(
     assert {r["name"] for r in slowest} == names
     assert all(r["seconds"] > 0 and r["by"] == live["id"] for r in slowest)
 
-    text = render(values)
+    text = render(values, everything=True)
     assert f"queue {queue}" in text and "slowest triton builds" in text
     assert f"kernels: {n} hits, {n} misses (hit rate 50.0%)" in text
 
@@ -79,8 +79,11 @@ def test_explain_names_the_triton_variable_that_made_a_run_miss(
     changed = warm_json(env, manifest, tmp_path / "b", TRITON_DEFAULT_FP_FUSION="0")
     assert changed["hits"] == 0  # every kernel missed
 
-    misses = explain_json(env, tmp_path, "--last-misses", str(n))
-    assert isinstance(misses, list) and len(misses) == n
+    result = explain_json(env, tmp_path, "--last-misses", str(n))
+    assert isinstance(result, dict)
+    misses = result["misses"]
+    # Logged: the last n; counted: the cold run's n misses and the changed run's n.
+    assert len(misses) == n and result["counted"]["Triton kernels"] == 2 * n
     for miss in misses:
         assert miss["nearest"] is not None, miss
         # Exactly the one setting that changed, with both values.
@@ -111,9 +114,9 @@ def test_explain_names_the_inductor_config_flag_that_made_a_run_miss(
     # Same toolchain, so the worker builds these too; only Inductor's extra_config differs.
     changed = warm_json(env, manifest, tmp_path / "b", TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER="0")
     assert (changed["hits"], changed["remote"]) == (0, n)
-    misses = explain_json(env, tmp_path, "--last-misses", str(n))
-    assert isinstance(misses, list)
-    for miss in misses:
+    result = explain_json(env, tmp_path, "--last-misses", str(n))
+    assert isinstance(result, dict)
+    for miss in result["misses"]:
         assert miss["differences"] == [
             {"component": "config.use_static_triton_launcher", "miss": False, "stored": True}
         ]
@@ -159,3 +162,28 @@ def test_a_graph_entry_records_its_toolchain_and_build_time_for_stats_and_explai
     assert "cannot say which part of the graph changed" in info["note"]
     (slow,) = meta.slowest(clean_cache, "fx", 10)
     assert slow["key"] == name and slow["seconds"] >= 0
+
+
+def test_last_misses_covers_every_kind_not_only_kernels(
+    env: Env, clean_cache: redis.Redis, settings: Settings, tmp_path: Path
+) -> None:
+    from compileq.inductor import graph_cache
+
+    graph_cache.enable(RedisStore(clean_cache, settings), deadline_s=5)
+    try:
+        # Inductor's remote FX cache asked for two graphs no one stored: two graph misses.
+        backend = graph_cache.FxGraphBackend()
+        assert backend._get("fxgraph-missing-1") is None
+        assert backend._get("fxgraph-missing-2") is None
+    finally:
+        graph_cache.disable()
+    text = run_cli(env, "explain", "--last-misses", tmp=tmp_path).stdout
+    assert "no kernel misses recorded" not in text and "no misses recorded" not in text
+    assert "FX graphs: 2" in text, text
+    assert "compileq explain KEY" in text  # what can be asked of a graph's miss
+    result = explain_json(env, tmp_path, "--last-misses")
+    assert result == {"misses": [], "counted": {"FX graphs": 2}, "problems": []}
+
+    clean_cache.delete(keys.STATS)
+    text = run_cli(env, "explain", "--last-misses", tmp=tmp_path).stdout
+    assert text.strip() == "no misses recorded since the counters were last zeroed"

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pty
+import random
 import re
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -22,6 +25,7 @@ from tests.conftest import (
     Worker,
     compileq_cmd,
     manifest_rows,
+    stats,
     warm_json,
 )
 
@@ -105,7 +109,8 @@ def client_env(env: Env, tmp: Path) -> dict[str, str]:
     )
 
 
-SUMMARY = re.compile(r"compileq compileq: (\d+) kernels \((\d+) hits, (\d+) remote, (\d+) local\)")
+#: The summary: logged off a terminal (``compileq warm`` configures logging), printed on one.
+SUMMARY = re.compile(r"compileq: (\d+) kernels \((\d+) hits, (\d+) remote, (\d+) local\)")
 
 
 def test_off_a_terminal_the_client_draws_nothing_and_logs_one_summary(
@@ -123,20 +128,14 @@ def test_off_a_terminal_the_client_draws_nothing_and_logs_one_summary(
     assert "\r" not in proc.stderr and "\x1b[" not in proc.stderr
     summaries = SUMMARY.findall(proc.stderr)
     assert summaries == [(str(n), "0", str(n), "0")]
+    assert "compileq compileq: " in proc.stderr  # the log's line, not a printed one
 
 
-def test_on_a_terminal_the_client_shows_one_live_line_then_the_summary(
-    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
-) -> None:
-    n = len(manifest_rows(GPT))
+def on_a_terminal(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
+    """Run ``argv`` with stdout and stderr on one pseudo-terminal: its exit code, and every
+    byte it wrote there (the terminal's line ends, ``\r\n``, made ``\n``)."""
     primary, secondary = pty.openpty()
-    proc = subprocess.Popen(
-        warm_argv(),
-        env=client_env(env, tmp_path),
-        stdout=subprocess.PIPE,
-        stderr=secondary,
-        text=True,
-    )
+    proc = subprocess.Popen(argv, env=env, stdout=secondary, stderr=secondary)
     os.close(secondary)
     chunks: list[bytes] = []
 
@@ -152,14 +151,112 @@ def test_on_a_terminal_the_client_shows_one_live_line_then_the_summary(
 
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()
-    stdout, _ = proc.communicate(timeout=300)
+    code = proc.wait(timeout=600)
     reader.join(timeout=10)
     os.close(primary)
-    terminal = b"".join(chunks).decode(errors="replace")
-    assert proc.returncode == 0, terminal[-3000:]
+    return code, b"".join(chunks).decode(errors="replace").replace("\r\n", "\n")
+
+
+def visible_lines(terminal: str) -> list[str]:
+    """What the terminal shows: each line as left after its last carriage return (every
+    redraw and clear is ``\r\x1b[K``), the clear sequences left out."""
+    return [line.rpartition("\r")[2].replace("\x1b[K", "") for line in terminal.split("\n")]
+
+
+def test_on_a_terminal_the_client_shows_one_live_line_then_the_summary(
+    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
+) -> None:
+    n = len(manifest_rows(GPT))
+    code, terminal = on_a_terminal(warm_argv(), client_env(env, tmp_path))
+    assert code == 0, terminal[-3000:]
     # Redrawn in place (carriage return, clear line), never a scrolling list of lines.
     live = re.findall(r"\r\x1b\[Kcompileq: (\d+)/(\d+) kernels", terminal)
     assert live and all(0 <= int(done) <= int(of) == n for done, of in live)
-    assert "\r\x1b[K" in terminal.split("compileq compileq:")[0]  # cleared before the summary
-    assert SUMMARY.findall(terminal) == [(str(n), "0", str(n), "0")]
-    assert f"{n} kernels: 0 hits, {n} built remotely" in stdout
+    # Printed once, on a line of its own and ending with a newline; not logged as well.
+    (summary,) = [line for line in visible_lines(terminal) if SUMMARY.match(line)]
+    assert SUMMARY.findall(summary) == [(str(n), "0", str(n), "0")]
+    assert "compileq compileq:" not in terminal
+    # Then warm's report (stdout), on the next line: the summary ended with a newline.
+    assert f"{summary}\n{n} kernels: 0 hits, {n} built remotely" in terminal
+
+
+TRAIN = Path(__file__).parent / "clients" / "train_cpu.py"
+#: One kind's counts in the progress line.
+KIND = r"(\d+) {} \((\d+) hits, (\d+) remote, (\d+) local\)"
+
+
+def counts(kind: str, line: str) -> tuple[int, int, int, int]:
+    """``(done, hits, remote, local)`` of ``kind`` (a pattern: ``graphs``, C++ objects) in
+    ``line``."""
+    found = re.search(KIND.format(kind), line)
+    assert found, f"no {kind} in {line!r}"
+    done, hits, remote, local = (int(g) for g in found.groups())
+    assert done == hits + remote + local
+    return done, hits, remote, local
+
+
+def train(
+    env: Env, tmp: Path, name: str, width: int, **more: str
+) -> subprocess.CompletedProcess[str]:
+    """``compileq run -- python train_cpu.py WIDTH`` off a terminal, with empty local caches."""
+    proc = subprocess.run(
+        compileq_cmd("run", "--", sys.executable, str(TRAIN), str(width)),
+        env=env.vars(
+            TORCHINDUCTOR_CACHE_DIR=str(tmp / name / "inductor"),
+            TRITON_CACHE_DIR=str(tmp / name / "triton"),
+            TMPDIR=str(tmp),
+            **more,
+        ),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def test_a_cpu_jobs_progress_names_its_graphs_and_cpp_objects_cold_and_on_a_new_machine(
+    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
+) -> None:
+    width = random.randrange(1001, 9000)  # a model no cache holds
+    # Cold, on a terminal: the live line goes before the script prints, the summary comes last.
+    code, terminal = on_a_terminal(
+        compileq_cmd("run", "--", sys.executable, str(TRAIN), str(width)),
+        env.vars(
+            TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cold" / "inductor"),
+            TRITON_CACHE_DIR=str(tmp_path / "cold" / "triton"),
+            TMPDIR=str(tmp_path),
+        ),
+    )
+    assert code == 0, terminal[-4000:]
+    shown = visible_lines(terminal)
+    (result,) = [line for line in shown if line.startswith("{")]  # not run on after a line
+    assert json.loads(result)["matches_eager"] is True
+    # One summary, the last line, ending with a newline; no live line left on the screen (a
+    # warning of compileq's own may come through the log, a line of its own too).
+    (summary,) = [line for line in shown if re.fullmatch(r"compileq: .* in [\d.]+s", line)]
+    assert terminal.endswith(summary + "\n")
+    left = [line for line in shown if " hits, " in line and line != summary]
+    assert left == [], shown
+    counters = stats(env, tmp_path)
+    # What the line says is what compileq counted: the graphs the worker generated (and any
+    # that missed the deadline on a loaded machine and were compiled here).
+    graphs, hits, remote, local = counts("graphs", summary)
+    assert graphs >= 1 and hits == 0
+    assert (remote, local) == (counters["fx_remote_compiles"], counters.get("fx_local_compiles", 0))
+    assert counts(r"C\+\+ objects", summary)[0] >= 1
+
+    # A new machine, off a terminal but asked for: the same graphs and objects, all hits.
+    again = train(env, tmp_path, "new", width, COMPILEQ_PROGRESS="always")
+    assert "\r" not in again.stderr and "\x1b[" not in again.stderr  # no live redraws
+    (summary,) = [
+        line for line in again.stderr.splitlines() if re.fullmatch(r"compileq: .* in [\d.]+s", line)
+    ]
+    assert again.stderr.endswith(summary + "\n")
+    assert counts("graphs", summary) == (graphs, graphs, 0, 0)
+    done, hits, remote, local = counts(r"C\+\+ objects", summary)
+    assert done == hits >= 1 and remote == local == 0, summary
+
+    # Off a terminal and not asked for: not a word of progress.
+    quiet = train(env, tmp_path, "quiet", width)
+    assert " hits, " not in quiet.stderr, quiet.stderr[-2000:]

@@ -184,12 +184,15 @@ def test_bad_entries_of_every_kind_are_rebuilt_once_then_hit(
     blob = clean_cache.get(rewritten) or b""
     clean_cache.set(rewritten, blob[:3] + os.urandom(8) + blob[11:])
     clean_cache.set(rotated, old.seal(rotated.decode(), ours.get(rotated.decode()) or b""))
-    clean_cache.set(oversized, b"\0" * (settings.max_entry_bytes + 1))
+    # Over the clients' cap here (2 MiB, the kernels are ~100 KB): the default cap, 448 MiB,
+    # would make this test write half a gigabyte into Redis.
+    cap = 2**21
+    clean_cache.set(oversized, b"\0" * (cap + 1))
     clean_cache.delete(other_type)
     clean_cache.hset(other_type, "not", "an entry")
 
-    rebuilt = warm_json(env, GPT, tmp_path / "rebuild")
-    after = warm_json(env, GPT, tmp_path / "after")
+    rebuilt = warm_json(env, GPT, tmp_path / "rebuild", COMPILEQ_MAX_ENTRY_BYTES=str(cap))
+    after = warm_json(env, GPT, tmp_path / "after", COMPILEQ_MAX_ENTRY_BYTES=str(cap))
     counters = stats(env, tmp_path)
     # Each built once (by the worker, whose verified build replaces the bad entry), then hit.
     assert (rebuilt["remote"], rebuilt["local"], rebuilt["failed"]) == (n, 0, 0)
@@ -198,7 +201,7 @@ def test_bad_entries_of_every_kind_are_rebuilt_once_then_hit(
     assert all(e is not None for e in ours.get_many([k.decode() for k in victims]))
     reliability.record(
         "entries with a rewritten key id, sealed with a rotated-out secret, over the size "
-        "cap (64 MiB + 1), and of another Redis type (one each)",
+        "cap (the clients' cap + 1), and of another Redis type (one each)",
         "each a miss (the oversized one never transferred), rebuilt once; the verified build "
         "replaces it (compare-and-set on the bad value), so the next client hits; key "
         "rotation is the second case for the whole cache",

@@ -3,7 +3,5 @@
 #   openssl rand -hex 32 > ~/.compileq-secret && chmod 600 ~/.compileq-secret
 export COMPILEQ_BROKER_URL=${COMPILEQ_BROKER_URL:-redis://compileq-broker.example.internal:6379/0}
 export COMPILEQ_REDIS_URL=${COMPILEQ_REDIS_URL:-redis://compileq-cache.example.internal:6379/0}
-# Inductor's precompiled C++ header is ~150 MB: share it (see docker-compose.yml).
-export COMPILEQ_MAX_ENTRY_BYTES=${COMPILEQ_MAX_ENTRY_BYTES:-268435456}
 export COMPILEQ_SECRET=${COMPILEQ_SECRET:-$(cat ~/.compileq-secret)}
 : "${COMPILEQ_SECRET:?set COMPILEQ_SECRET (openssl rand -hex 32); clients and workers must share it}"

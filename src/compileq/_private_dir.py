@@ -22,7 +22,13 @@ from compileq.errors import UnsafeDirError
 def private_dir(name: str) -> Path:
     """``<tempdir>/<name>``, made with mode 0700 if missing; an error if it is a symlink, not
     a directory, not owned by this user, or writable by anyone else."""
-    path = Path(tempfile.gettempdir(), name)
+    return checked_private(Path(tempfile.gettempdir(), name))
+
+
+def checked_private(path: Path) -> Path:
+    """``path``, made with mode 0700 (its parents as usual) if missing; refused as
+    :func:`private_dir` refuses. The local cluster keeps its socket and secret in one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileExistsError):
         path.mkdir(mode=0o700)
     found = os.lstat(path)

@@ -11,16 +11,22 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
+from compileq import flags
 from compileq._text import printable, printable_values
-from compileq.errors import CompileqError
+from compileq.errors import CompileqError, ConfigError
 
 if TYPE_CHECKING:
     from compileq.config import Settings
     from compileq.fingerprint import Target
 
+
+#: The most misses ``explain --last-misses`` takes: what compileq keeps (cache/meta.py's
+#: MISS_LOG_LEN; not imported here, where every `compileq run` pays for imports).
+MISSES_KEPT = 1000
 
 #: Flags that override a setting: argparse's name for the flag, the setting, the flag as typed
 #: (a bad value is reported under it, like any bad setting: config.load_settings).
@@ -31,7 +37,13 @@ _FLAG_SETTINGS = (
 )
 
 
+#: The commands that, with no cluster named, use the local cluster (compileq/local/).
+_LOCAL_COMMANDS = ("warm", "stats", "doctor", "explain")
+
+
 def _settings(args: argparse.Namespace) -> Settings:
+    import os
+
     from compileq.config import load_settings
 
     overrides: dict[str, object] = {}
@@ -41,9 +53,27 @@ def _settings(args: argparse.Namespace) -> Settings:
         if value is not None and value != "":  # not given: the environment's, else the default
             overrides[name], given_as[name] = value, flag
     settings = load_settings(given_as=given_as, **overrides)
+    if args.command in _LOCAL_COMMANDS and "redis_url" not in overrides:
+        from compileq.local import control
+
+        if not control.configured(os.environ):  # no cluster named: the local one
+            settings = control.local_settings(settings, start=args.command == "warm")
+            given_as["redis_url"] = "this user's local cluster: no COMPILEQ_REDIS_URL"
     # Kept for main(): a Redis error names the URL it was talking to, without the password.
     args.redis_shown = settings.redis_display
+    args.redis_source = _source("redis_url", given_as)
     return settings
+
+
+def _source(name: str, given_as: dict[str, str]) -> str:
+    """Where a setting's value came from, as doctor names it: the flag, the variable, or
+    the default."""
+    import os
+
+    variable = f"COMPILEQ_{name.upper()}"
+    if name in given_as:
+        return given_as[name]
+    return variable if os.environ.get(variable) else f"the default ({variable} unset)"
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -60,6 +90,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
         settings.worker_cpus,
         settings.worker_leave_cores,
     )
+    if args.metrics_port is not None and args.metrics_port + len(specs) - 1 > flags.MAX_PORT:
+        raise ConfigError(
+            f"--metrics-port={args.metrics_port} is not valid: {len(specs)} worker processes "
+            f"take one port each, counting up, and the last would be above {flags.MAX_PORT}"
+        )
     specs = supervisor.with_metrics(specs, args.metrics_port)
     return supervisor.run(settings, specs, loglevel=args.loglevel)
 
@@ -95,6 +130,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (boot, env.get("PYTHONPATH")) if p)
     if args.redis_url:
         env["COMPILEQ_REDIS_URL"] = args.redis_url
+    else:
+        from compileq.local import control
+
+        if not control.configured(env):  # no cluster named: the local one, started if need be
+            env = control.join_for_job(env)
     # On by default here, unlike install(): `compileq run` is how a whole job is handed to
     # the cluster, and a graph with no worker for it still compiles in process.
     env["COMPILEQ_FX"] = "1" if args.fx else "0"
@@ -103,6 +143,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     except OSError as e:
         print(f"compileq: error: cannot run {command[0]!r}: {e}", file=sys.stderr)
         return 127
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    from compileq.local import control
+
+    print(f"compileq: {control.stop()}")
+    return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -119,12 +166,17 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     store = RedisStore(redis_client(settings.redis_url, settings), settings)
-    values = snapshot(store)
+    values = snapshot(store, settings)
     # Worker ids, hosts, queue names and reasons come from Redis: escaped in text mode, so
     # none can forge a line (JSON escapes them itself).
-    print(json.dumps(values) if args.json else render(printable_values(values)))
-    if args.reset:
+    if args.json:
+        print(json.dumps(values))
+    else:
+        print(render(printable_values(values), everything=args.all))
+    if args.zero:
         reset_counters(store.client)
+        if not args.json:  # JSON stays one object, the last line
+            print("counters zeroed")
     return 0
 
 
@@ -137,7 +189,8 @@ def _targets(arch: str | None) -> list[Target] | None:
 def cmd_doctor(args: argparse.Namespace) -> int:
     from compileq.ops import doctor
 
-    checks = doctor.run(_settings(args), _targets(args.arch))
+    settings = _settings(args)
+    checks = doctor.run(settings, _targets(args.arch), source=args.redis_source)
     report = doctor.report(checks)
     print(json.dumps(report) if args.json else doctor.render(checks))
     return 0 if report["ok"] else 1
@@ -149,15 +202,20 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     client = redis_client(settings.redis_url, settings)
+    # A worker is one whose heartbeat record verifies with this secret (when one is set).
+    secret = settings.secret_bytes() if settings.secret else None
+    ttl_s = settings.heartbeat_ttl_s
     result: Any
     if args.last_misses is not None:
         result = explain.explain_last_misses(client, args.last_misses)
         text = explain.render_misses(result)
     elif args.key:
-        result = explain.explain_key(client, args.key, args.diff)
+        result = explain.explain_key(client, args.key, args.diff, secret, ttl_s)
         text = explain.render_key(result)
     elif args.diff and args.diff != "here":
-        result = explain.explain_toolchains(client, args.diff, _targets(args.arch) or [])
+        result = explain.explain_toolchains(
+            client, args.diff, _targets(args.arch) or [], secret, ttl_s
+        )
         text = explain.render_toolchains(result)
     else:
         print(
@@ -169,24 +227,68 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="compileq", description=__doc__)
-    parser.add_argument("--version", action="version", version=_version())
-    sub = parser.add_subparsers(dest="command", required=True)
+#: ``compileq --help``'s text: plain, as a terminal shows it (the module docstring is for
+#: readers of the code).
+DESCRIPTION = """\
+compileq: torch.compile's builds on a cluster of workers, with a shared signed cache.
 
-    def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--redis-url", help="Redis URL (default: $COMPILEQ_REDIS_URL)")
+  compileq worker --gpus all         serve builds on this node
+  compileq run -- torchrun train.py  run a job with compileq active
+  compileq stats                     is it working? hits, builds, fallbacks, workers
+  compileq doctor                    what is wrong, and how to fix it
 
-    p = sub.add_parser("worker", help="run build workers on this node")
-    common(p)
+Exit codes: 0 done; 1 it ran but something failed (a build, a doctor check); 2 bad input
+(a setting, a flag, a manifest) or a Redis that cannot be reached, as one error line."""
+
+#: What each subcommand's ``_add_*`` function adds its parser to.
+Sub: TypeAlias = "argparse._SubParsersAction[flags.OneLineParser]"
+#: A subcommand: a function that adds its parser to ``sub`` and sets its ``func``.
+Adder: TypeAlias = Callable[[Sub], None]
+
+
+def _subcommand(sub: Sub, name: str, summary: str, more: str) -> argparse.ArgumentParser:
+    """A subcommand's parser: ``summary`` in ``compileq --help``'s list, and with ``more``
+    as the description its own ``--help`` opens with."""
+    return sub.add_parser(
+        name,
+        help=summary,
+        description=f"{summary[0].upper()}{summary[1:]}.\n\n{more}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def _redis_flag(p: argparse.ArgumentParser, default: str = "this user's local cluster") -> None:
+    p.add_argument(
+        "--redis-url",
+        help=f"the cluster's Redis (default: $COMPILEQ_REDIS_URL, else {default})",
+    )
+
+
+def _json_flag(p: argparse.ArgumentParser, what: str = "the result") -> None:
+    p.add_argument("--json", action="store_true", help=f"print {what} as one JSON object")
+
+
+def _add_worker(sub: Sub) -> None:
+    p = _subcommand(
+        sub,
+        "worker",
+        "run build workers on this node",
+        "One worker process per GPU, pinned to it, or one CPU process with --cpu-only\n"
+        "(cross-compiling with --arch). Runs until SIGTERM or Ctrl-C; builds under way finish first.",
+    )
+    _redis_flag(p, "redis://127.0.0.1:6379/0")
     p.add_argument("--gpus", help="'all' (default when GPUs exist) or indices like 0,1")
-    p.add_argument("--cpu-only", action="store_true", help="cross-compile without a GPU")
-    p.add_argument("--arch", help="with --cpu-only: targets to build for, e.g. sm_90,sm_80")
+    p.add_argument(
+        "--cpu-only",
+        action="store_true",
+        help="no GPU: build this CPU's C++ objects and CPU graphs (and, with --arch, GPU kernels)",
+    )
+    p.add_argument("--arch", help="with --cpu-only: GPU targets to cross-compile, e.g. sm_90,sm_80")
     p.add_argument(
         "--concurrency",
-        type=int,
+        type=flags.int_in(1, flags.MAX_CONCURRENCY),
         help="builds at once per worker process (a graph's codegen hands its kernels to the "
-        "others while one is free, so 2 or more)",
+        "others while one is free, so 2 or more; default: one per CPU it runs on)",
     )
     p.add_argument(
         "--cpus",
@@ -200,25 +302,45 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--metrics-port",
-        type=int,
-        help="serve Prometheus metrics on this port (one port per worker process, counting up)",
+        type=flags.port,
+        help="serve Prometheus metrics on this port, 1 to 65535 (one port per worker process, "
+        "counting up)",
     )
-    p.add_argument("--loglevel", default="INFO")
+    p.add_argument(
+        "--loglevel",
+        type=flags.log_level,
+        default="INFO",
+        help=f"the worker log's level: {', '.join(flags.LOG_LEVELS)} (default INFO)",
+    )
     p.set_defaults(func=cmd_worker)
 
-    p = sub.add_parser("warm", help="build every kernel of a JSONL manifest into the cache")
-    common(p)
+
+def _add_warm(sub: Sub) -> None:
+    p = _subcommand(
+        sub,
+        "warm",
+        "build every kernel of a JSONL manifest into the cache",
+        "Each line is one {name, source} object, as Inductor writes a Triton kernel.",
+    )
+    _redis_flag(p)
     p.add_argument("manifest", help="JSONL file, one {name, source} object per line")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    _json_flag(p, "the counts")
     p.add_argument(
         "--stock", action="store_true", help="baseline: build in stock Inductor's local pool only"
     )
     p.set_defaults(func=cmd_warm)
 
-    p = sub.add_parser(
-        "run", help="run a command with compileq active in every Python process it starts"
+
+def _add_run(sub: Sub) -> None:
+    p = _subcommand(
+        sub,
+        "run",
+        "run a command with compileq active in every Python process it starts",
+        "Example: compileq run -- torchrun --nproc-per-node 8 train.py\n"
+        "With no COMPILEQ_REDIS_URL or --redis-url: on this user's local cluster, started if\n"
+        "need be (`compileq stop` stops it).",
     )
-    common(p)
+    _redis_flag(p)
     p.add_argument(
         "--fx",
         action=argparse.BooleanOptionalAction,
@@ -228,24 +350,79 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("demo", help="one training step: stock torch.compile against compileq")
-    p.add_argument("--json", action="store_true")
+
+def _add_stop(sub: Sub) -> None:
+    p = _subcommand(
+        sub,
+        "stop",
+        "stop this user's local cluster now",
+        "The local cluster (redis-server and a worker, started by `compileq run` with no\n"
+        "COMPILEQ_REDIS_URL) otherwise stops itself after $COMPILEQ_LOCAL_IDLE_S without a job.",
+    )
+    p.set_defaults(func=cmd_stop)
+
+
+def _add_demo(sub: Sub) -> None:
+    p = _subcommand(
+        sub,
+        "demo",
+        "one training step: stock torch.compile against compileq",
+        "Starts a private Redis and worker, and times a cold run, a warm one and a new machine.",
+    )
+    _json_flag(p, "the timings")
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("stats", help="show cluster-wide counters")
-    common(p)
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--reset", action="store_true", help="zero the counters after showing them")
+
+def _add_stats(sub: Sub) -> None:
+    p = _subcommand(
+        sub,
+        "stats",
+        "show what the cache and the workers did, cluster-wide",
+        "By default one row per kind of build (requests, hits, hit rate, remote and local\n"
+        "builds), the fallbacks by reason, the store's size and the workers per toolchain.",
+    )
+    _redis_flag(p)
+    p.add_argument(
+        "--all", action="store_true", help="also every counter, per queue, and the slowest builds"
+    )
+    _json_flag(p, "every counter and table")
+    p.add_argument(
+        "--zero",
+        "--reset",
+        dest="zero",
+        action="store_true",
+        help="zero the counters after showing them (--reset: the same)",
+    )
     p.set_defaults(func=cmd_stats)
 
-    p = sub.add_parser("doctor", help="check this machine and the cluster, with fix hints")
-    common(p)
-    p.add_argument("--arch", help="targets to check workers for, e.g. sm_90 (default: GPUs here)")
-    p.add_argument("--json", action="store_true")
+
+def _add_doctor(sub: Sub) -> None:
+    p = _subcommand(
+        sub,
+        "doctor",
+        "check this machine and the cluster, with fix hints",
+        "One line per check (ok, warn or FAIL); exit 1 when one fails.",
+    )
+    _redis_flag(p)
+    p.add_argument(
+        "--arch",
+        help="targets to check workers for, e.g. sm_90 (default: this machine's GPUs, else "
+        "every target workers serve)",
+    )
+    _json_flag(p, "the checks")
     p.set_defaults(func=cmd_doctor)
 
-    p = sub.add_parser("explain", help="show what went into a key and what made a miss")
-    common(p)
+
+def _add_explain(sub: Sub) -> None:
+    p = _subcommand(
+        sub,
+        "explain",
+        "show what went into a key and what made a miss",
+        "compileq explain KEY [--diff [AGAINST]]   a key's components, or how they differ\n"
+        "compileq explain --last-misses [N]       the last misses of every kind\n"
+        "compileq explain --diff WORKER           this machine's toolchain against a worker's",
+    )
+    _redis_flag(p)
     p.add_argument("key", nargs="?", help="an artifact key (compileq:a:triton:...) or its digest")
     p.add_argument(
         "--diff",
@@ -257,14 +434,42 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--last-misses",
         nargs="?",
-        type=int,
+        type=flags.int_in(1, MISSES_KEPT),
         const=20,
         metavar="N",
-        help="explain the last N kernel misses (default 20) by their nearest stored sibling",
+        help=f"explain the last N misses of every kind (default 20, at most {MISSES_KEPT}): "
+        "a kernel's by its nearest stored sibling",
     )
     p.add_argument("--arch", help="with --diff WORKER and no key: targets to compare")
-    p.add_argument("--json", action="store_true")
+    _json_flag(p)
     p.set_defaults(func=cmd_explain)
+
+
+#: The subcommands, in ``compileq --help``'s order: a new one is one more ``_add_*`` here.
+COMMANDS: list[Adder] = [
+    _add_worker,
+    _add_warm,
+    _add_run,
+    _add_stop,
+    _add_demo,
+    _add_stats,
+    _add_doctor,
+    _add_explain,
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = flags.OneLineParser(
+        prog="compileq",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--version", action="version", version=_version(), help="print the version and exit"
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in COMMANDS:
+        add(sub)
     return parser
 
 
@@ -317,6 +522,13 @@ def _input_error(e: Exception, redis_shown: str | None) -> str | None:
         if e.title != Settings.__name__:
             return None  # compileq has no other model: a bug
         return str(settings_error(e))  # a Settings built without load_settings()
+    if isinstance(e, redis.ResponseError):
+        # NOAUTH and NOPERM (an ACL), or WRONGTYPE: a key of compileq's that someone wrote
+        # with another type. The tools read around those they know; this is the rest.
+        return (
+            f"Redis at {redis_shown or 'the configured URL'} refused a command ({e}): check "
+            "the URL's user and password, or run compileq doctor"
+        )
     if not isinstance(e, (redis.ConnectionError, redis.TimeoutError)):
         return None
     # AuthenticationError is a ConnectionError; redis-py's messages name host and port, never

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import functools
+import ipaddress
 import os
 import typing
 from collections.abc import Mapping
 from typing import Annotated, Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 from pydantic import (
     BeforeValidator,
@@ -18,12 +19,18 @@ from pydantic import (
     field_validator,
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
-from redis.connection import parse_url
 
 from compileq._text import printable
 from compileq.early_settings import BOOLEAN, parse_bool
 from compileq.errors import ConfigError
-from compileq.sentinel_url import SENTINEL_SCHEME, is_sentinel, parse_sentinel_url
+from compileq.sentinel_url import (
+    SENTINEL_SCHEME,
+    check_host,
+    check_query,
+    check_text,
+    is_sentinel,
+    parse_sentinel_url,
+)
 
 
 def _flag(value: object) -> object:
@@ -35,6 +42,19 @@ def _flag(value: object) -> object:
 
 #: The type of every boolean setting.
 Flag = Annotated[bool, BeforeValidator(_flag)]
+
+#: The longest duration any setting may name: a week outlasts every compile, and a bound keeps
+#: a value like 1e300 from overflowing where it becomes a socket timeout or a Redis expiry.
+MAX_SECONDS = 7 * 86400
+#: The longest entry expiry (ten years): Redis's EX takes no more than a 64-bit count of ms.
+MAX_TTL_S = 10 * 365 * 86400
+
+
+def _seconds(default: float, description: str) -> Any:
+    """A duration setting: a finite number of seconds, above 0 and at most a week.
+    ``allow_inf_nan=False``: pydantic's floats take ``inf`` and ``nan`` otherwise, and
+    ``COMPILEQ_DEADLINE_S=inf`` passed validation only to overflow at the first lease."""
+    return Field(default, gt=0, le=MAX_SECONDS, allow_inf_nan=False, description=description)
 
 
 class Settings(BaseSettings):
@@ -55,20 +75,30 @@ class Settings(BaseSettings):
     secret: SecretStr | None = Field(
         None, description="HMAC key shared by clients and workers; required."
     )
-    deadline_s: float = Field(
-        60.0,
-        gt=0,
-        description="How long a client waits for a remote build before compiling locally.",
+    deadline_s: float = _seconds(
+        60.0, "How long a client waits for a remote build before compiling locally."
     )
-    task_soft_time_limit_s: float = Field(300.0, gt=0, description="Worker soft limit per build.")
-    task_time_limit_s: float = Field(360.0, gt=0, description="Worker hard limit per build.")
-    max_entry_bytes: int = Field(64 * 2**20, gt=0, description="Largest artifact stored, in bytes.")
-    ttl_s: int | None = Field(None, gt=0, description="Expiry of cache entries; none by default.")
-    heartbeat_interval_s: float = Field(5.0, gt=0, description="How often workers say they live.")
-    heartbeat_ttl_s: float = Field(15.0, gt=0, description="A worker silent this long is dead.")
-    connect_timeout_s: float = Field(2.0, gt=0, description="Redis connect/socket timeout.")
-    retry_after_s: float = Field(
-        15.0, gt=0, description="After Redis fails, compile locally this long before trying again."
+    task_soft_time_limit_s: float = _seconds(300.0, "Worker soft limit per build.")
+    task_time_limit_s: float = _seconds(360.0, "Worker hard limit per build.")
+    # 448 MiB: the largest payload whose sealed form (zstd's worst case adds 1/256, plus the
+    # header) still fits one Redis value (proto-max-bulk-len, 512 MiB by default). Inductor's
+    # precompiled C++ header is ~155 MB (23 MB sealed); 64 MiB, the old default, refused it.
+    # Measured against a real redis-server (2-core VM): 160 MB put 1.1 s and get 0.8 s for that
+    # header, 1.4 s and 2.9 s for random bytes (client peak +460 MB, Redis peak 504 MB). Rejected
+    # alternative: entries in chunks, whose parts LRU evicts apart, for no entry yet over 155 MB.
+    max_entry_bytes: int = Field(
+        448 * 2**20, gt=0, description="Largest artifact stored, in bytes."
+    )
+    ttl_s: int | None = Field(
+        None, gt=0, le=MAX_TTL_S, description="Expiry of cache entries; none by default."
+    )
+    heartbeat_interval_s: float = _seconds(5.0, "How often workers say they live.")
+    heartbeat_ttl_s: float = _seconds(15.0, "A worker silent this long is dead.")
+    connect_timeout_s: float = _seconds(2.0, "Redis connect/socket timeout.")
+    retry_after_s: float = _seconds(
+        15.0,
+        "After Redis fails, compile locally this long before trying again (with Sentinel, at "
+        "most this long: the Sentinels are asked at once).",
     )
     enabled: Flag = Field(
         True,
@@ -159,6 +189,18 @@ class Settings(BaseSettings):
         description="Send a C++ object Inductor must build to a worker with the same compiler, "
         "torch and CPU (any node), and build it here only if none can.",
     )
+    progress: typing.Literal["auto", "always", "never"] = Field(
+        "auto",
+        description="The client's progress line and its summary at exit, on stderr: auto on "
+        "a terminal only, always also into a file or pipe (the summary), never.",
+    )
+    local_idle_s: float = Field(
+        900.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="The local cluster (`compileq run` with no COMPILEQ_REDIS_URL) stops "
+        "itself after this long without a job; read when it starts (see compileq/local/).",
+    )
     # Declared after the URLs: its validator reads them, and pydantic validates in this order.
     # validate_default: an unset master is exactly the mistake to catch.
     sentinel_master: str | None = Field(
@@ -184,16 +226,53 @@ class Settings(BaseSettings):
                 "expected a redis://, rediss:// or unix:// URL, or the Sentinels' "
                 "sentinel://HOST:PORT[;sentinel://HOST:PORT...]/DB"
             )
+        check_text(value)
         try:
-            _ = urlsplit(value).port  # raises on a port that is no number or out of range
+            split = urlsplit(value)
+        except ValueError:  # "Invalid IPv6 URL": a '[' or ']' out of place
+            raise ValueError(
+                "expected a Redis URL whose host is a name or address ([...] only around an "
+                "IPv6 address; percent-encode brackets in a password)"
+            ) from None
+        try:
+            _ = split.port  # raises on a port that is no number or out of range
         except ValueError:
             raise ValueError(
                 "expected a Redis URL whose port is a number from 0 to 65535"
             ) from None
-        try:
-            parse_url(value)  # type: ignore[no-untyped-call]  # unannotated in redis-py
-        except ValueError as e:  # its query arguments: "Invalid value for 'db' in ..."
-            raise ValueError(f"expected a Redis URL redis-py can read ({e})") from None
+        if not value.startswith("unix://"):
+            check_host(split.hostname)
+        check_query(value)
+        return value
+
+    @field_validator("sentinel_master", "job_id", "worker_cpus")
+    @classmethod
+    def _utf8(cls, value: str | None) -> str | None:
+        # Text sent to Redis or hashed into keys: a variable holding bytes that are not UTF-8
+        # reaches Python as lone surrogates, which fail only when first encoded.
+        if value is not None:
+            try:
+                value.encode()
+            except UnicodeEncodeError:
+                raise ValueError(
+                    "expected UTF-8 text (it holds bytes that are not UTF-8)"
+                ) from None
+        return value
+
+    @field_validator("secret")
+    @classmethod
+    def _secret_text(cls, value: SecretStr | None) -> SecretStr | None:
+        # Never quoted: the message says what is wrong with it, not what it is. A variable
+        # holding bytes that are not UTF-8 reaches Python as lone surrogates, which failed
+        # (UnicodeEncodeError) only when the first entry was signed.
+        if value is not None:
+            try:
+                value.get_secret_value().encode()
+            except UnicodeEncodeError:
+                raise ValueError(
+                    "expected UTF-8 text (it holds bytes that are not UTF-8; "
+                    "openssl rand -hex 32 makes a good one)"
+                ) from None
         return value
 
     @field_validator("sentinel_master")
@@ -253,7 +332,11 @@ def redact(url: str) -> str:
 
 
 def _redact_one(url: str) -> str:
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # "Invalid IPv6 URL": nothing after the scheme can be placed safely
+        head, sep, _ = url.partition("://")
+        return f"{head}://***" if sep else "***"
     if "@" in url and "@" not in parts.netloc:
         head, sep, _ = url.partition("://")
         scheme = f"{head}://" if sep and "@" not in head else ""
@@ -265,7 +348,7 @@ def _redact_one(url: str) -> str:
     try:
         port = parts.port
     except ValueError:
-        netloc = f"{netloc}:***"
+        netloc = f"{netloc}:{_bad_port(parts)}"
     else:
         if port:
             netloc = f"{netloc}:{port}"
@@ -276,6 +359,21 @@ def _redact_one(url: str) -> str:
     elif parts.password:
         netloc = f":***@{netloc}"
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def _bad_port(parts: SplitResult) -> str:
+    """A port that is no number or out of range, as a message may show it: as written when
+    the host is an address or ``localhost`` (``redis://127.0.0.1:99999/0``, a typo), else
+    ``***``: in ``redis://user:password/0`` (the ``@host`` forgotten) the "port" is the
+    password, and a user name is never an address."""
+    written = parts.netloc.rpartition("@")[2].rpartition(":")[2]
+    host = parts.hostname or ""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        if host != "localhost":
+            return "***"
+    return printable(written, 20)
 
 
 #: What a setting's value must be, by the type it is read as.

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import secrets
+import os
 import subprocess
 import sys
 import tempfile
@@ -23,10 +23,10 @@ from typing import Any
 
 from compileq.cache.stats import snapshot
 from compileq.cache.store import RedisStore
-from compileq.config import Settings, child_env, get_settings
+from compileq.config import child_env, get_settings
 from compileq.connect import redis_client
 from compileq.errors import DemoError
-from compileq.localstack import private_redis, start_worker, stop
+from compileq.local import control
 
 STOCK, COLD, NEW = "stock torch.compile", "compileq, cold cache", "compileq, new machine"
 
@@ -51,14 +51,6 @@ class _Progress:
 
     def done(self) -> None:
         self.say("")
-
-
-def _has_gpu() -> bool:
-    # Asked in a child: importing torch (and CUDA) here would cost every demo a few seconds
-    # of start-up before the first line of progress.
-    probe = "import torch; print(torch.cuda.is_available())"
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
-    return out.stdout.strip().endswith("True")
 
 
 def _delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, int]:
@@ -113,26 +105,25 @@ def run_demo(as_json: bool) -> int:
 def _measure(progress: _Progress) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="compileq-demo-")))
-        gpu = _has_gpu()
         configured = get_settings()
         if "redis_url" in configured.model_fields_set:  # COMPILEQ_REDIS_URL names a cluster
             settings = configured
             settings.secret_bytes()
             where = f"the cluster at {settings.redis_display}"
         else:
-            progress.say("starting a private redis-server and a local worker...")
-            server = stack.enter_context(private_redis())
-            settings = Settings(redis_url=server.url(), secret=secrets.token_hex(16))
-            args = ["--gpus", "0"] if gpu else ["--cpu-only", "--arch", "sm_90"]
-            # Its own cache dirs too: Inductor's default (/tmp/torchinductor_<user>) outlives
-            # the demo, and a second demo's "cold" worker would find its objects there.
-            own = {
-                "TORCHINDUCTOR_CACHE_DIR": str(workdir / "worker" / "inductor"),
-                "TRITON_CACHE_DIR": str(workdir / "worker" / "triton"),
-            }
-            worker = start_worker(settings, args, log=workdir / "worker.log", env=own)
-            stack.callback(stop, worker)
-            where = "a private redis-server and one local worker (embedded default)"
+            progress.say("starting a local cluster (redis-server on a unix socket, a worker)...")
+            # The local cluster `compileq run` starts with no settings (compileq/local/), in a
+            # dir of the demo's own: a second demo's "cold" run must be cold, so neither the
+            # user's local cluster nor Inductor's default dir (/tmp/torchinductor_<user>, which
+            # the worker would use) may be shared. The cluster inherits these variables.
+            os.environ.update(
+                XDG_CACHE_HOME=str(workdir / "cache"),
+                TORCHINDUCTOR_CACHE_DIR=str(workdir / "worker" / "inductor"),
+                TRITON_CACHE_DIR=str(workdir / "worker" / "triton"),
+            )
+            settings = control.local_settings(configured, start=True)
+            stack.callback(control.stop)
+            where = "a local cluster of its own, as `compileq run` starts (embedded default)"
         store = RedisStore(redis_client(settings.redis_url, settings), settings)
         step = [sys.executable, "-m", "compileq.demo_step"]
         phases = [

@@ -57,3 +57,7 @@ class DemoError(CompileqError):
 
 class UnsafeDirError(CompileqError):
     """A per-user directory under the temporary dir exists but is not this user's alone."""
+
+
+class LocalClusterError(CompileqError):
+    """The local cluster (``compileq/local/``) could not be started, found or stopped."""

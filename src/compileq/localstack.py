@@ -1,6 +1,8 @@
-"""A private redis-server and local workers, for the demo, benchmarks and tests.
+"""A private redis-server and local workers, for the demo, benchmarks, tests and the local
+cluster (``compileq/local/``).
 
-The same processes a deployment runs, started on loopback with a free port and stopped after.
+The same processes a deployment runs, started on loopback with a free port, or on a unix
+socket (the local cluster: only its user may connect), and stopped after.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,27 +36,53 @@ def free_port() -> int:
 
 @dataclass
 class RedisServer:
-    port: int
+    port: int  # 0: no TCP port, only ``socket``
     process: subprocess.Popen[bytes]
+    socket: Path | None = None
 
     def url(self, db: int = 0) -> str:
+        if self.socket is not None:
+            return f"unix://{self.socket}?db={db}"
         return f"redis://127.0.0.1:{self.port}/{db}"
 
     def client(self, db: int = 0) -> redis.Redis:
         return redis.Redis.from_url(self.url(db))
 
 
-def start_redis(workdir: Path, *extra: str, port: int | None = None) -> RedisServer:
+#: What to say when there is no redis-server to start.
+NO_REDIS_SERVER = (
+    "redis-server not found (Debian/Ubuntu: apt-get install redis-server; macOS: brew install "
+    "redis; conda: conda install -c conda-forge redis-server)"
+)
+
+
+def start_redis(
+    workdir: Path,
+    *extra: str,
+    port: int | None = None,
+    unix_socket: Path | None = None,
+    preexec_fn: Callable[[], None] | None = None,
+) -> RedisServer:
+    """A redis-server with no persistence unless ``extra`` asks for it, on a free loopback
+    port, or with ``unix_socket`` on that socket only (mode 0700, no TCP port)."""
     binary = shutil.which("redis-server")
     if binary is None:
-        raise CompileqError("redis-server not found (Debian/Ubuntu: apt-get install redis-server)")
+        raise CompileqError(NO_REDIS_SERVER)
     workdir.mkdir(parents=True, exist_ok=True)
-    port = port or free_port()
-    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    if unix_socket is not None:
+        port = 0
+        listen = ["--port", "0", "--unixsocket", str(unix_socket), "--unixsocketperm", "700"]
+    else:
+        port = port or free_port()
+        listen = ["--port", str(port), "--bind", "127.0.0.1"]
+    argv = [binary, *listen, "--save", "", "--appendonly", "no"]
     proc = subprocess.Popen(
-        [*argv, "--dir", str(workdir), *extra], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+        [*argv, "--dir", str(workdir), *extra],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        preexec_fn=preexec_fn,
     )
-    server = RedisServer(port, proc)
+    server = RedisServer(port, proc, unix_socket)
     deadline = time.monotonic() + 10
     while True:
         try:
@@ -96,6 +124,7 @@ def start_worker(
     log: Path | None = None,
     env: dict[str, str] | None = None,
     timeout_s: float = 180,
+    preexec_fn: Callable[[], None] | None = None,
 ) -> subprocess.Popen[bytes]:
     """``compileq worker ARGS`` in its own process group; returns once it has a heartbeat."""
     out = log.open("wb") if log else subprocess.DEVNULL
@@ -110,6 +139,7 @@ def start_worker(
         stdout=out,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        preexec_fn=preexec_fn,
     )
     deadline = time.monotonic() + timeout_s
     # Every queue: a worker beats as soon as it takes kernel work, and says which queues are

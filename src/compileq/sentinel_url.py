@@ -9,6 +9,8 @@ settings; ``ops/sentinel.py`` is the operator's view of the Sentinels themselves
 
 from __future__ import annotations
 
+import ipaddress
+import math
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -20,6 +22,62 @@ SENTINEL_PORT = 26379
 #: TLS parameters a sentinel:// URL may carry (redis-py's names); any of them turns TLS on,
 #: for the Sentinels and the Redis servers they name alike.
 _TLS_PARAMS = ("ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
+
+
+#: The longest URL taken: a host name is at most 253 characters; ten of them and room for
+#: credentials and TLS file paths fit well inside.
+MAX_URL_CHARS = 4096
+#: The TLS verify modes redis-py knows (it checks them only when it first connects).
+_CERT_REQS = ("none", "optional", "required")
+
+
+def check_text(url: str) -> None:
+    """ValueError unless ``url`` is UTF-8 text of a sane length (a variable holding other
+    bytes reaches Python as lone surrogates, which failed deep inside the first connection)."""
+    try:
+        url.encode()
+    except UnicodeEncodeError:
+        raise ValueError(
+            "expected a URL of UTF-8 text (it holds bytes that are not UTF-8)"
+        ) from None
+    if len(url) > MAX_URL_CHARS:
+        raise ValueError(f"expected a URL of at most {MAX_URL_CHARS} characters")
+
+
+def check_host(host: str | None) -> None:
+    """ValueError unless ``host`` is an address or a name a resolver takes (labels of 1 to 63
+    characters, 253 in all): checked here because redis-py's IDNA error (``label too long``)
+    came as a traceback from the first connection."""
+    if not host:
+        return  # redis-py's default host
+    try:
+        ipaddress.ip_address(host)
+        return
+    except ValueError:
+        pass
+    try:
+        host.encode("idna")
+    except UnicodeError:
+        raise ValueError(
+            "expected a host that is an address or a DNS name (labels of 1 to 63 "
+            "characters, 253 in all)"
+        ) from None
+
+
+def check_query(url: str) -> None:
+    """Read ``url`` (redis://, rediss:// or unix://) as redis-py will, then check what redis-py
+    itself checks only when it first connects: finite timeouts and a known ``ssl_cert_reqs``.
+    ValueError naming the parameter, never quoting the URL."""
+    try:
+        options = parse_url(url)  # type: ignore[no-untyped-call]  # unannotated in redis-py
+    except ValueError as e:  # its query arguments: "Invalid value for 'db' in ..."
+        raise ValueError(f"expected a Redis URL redis-py can read ({e})") from None
+    for name, value in options.items():
+        if isinstance(value, float) and not (math.isfinite(value) and value > 0):
+            raise ValueError(f"expected {name} in the URL to be a finite number above 0")
+    reqs = options.get("ssl_cert_reqs")
+    if reqs is not None and reqs not in _CERT_REQS:
+        raise ValueError(f"expected ssl_cert_reqs in the URL to be one of {', '.join(_CERT_REQS)}")
 
 
 def is_sentinel(url: str | None) -> bool:
@@ -65,17 +123,28 @@ def parse_sentinel_url(url: str) -> SentinelUrl:
     dbs: set[int] = set()
     logins: set[str] = set()
     tls: dict[str, str] = {}
+    check_text(url)
     for number, part in enumerate(url.split(";"), 1):
         where = f"sentinel {number}"
         if not part.startswith(SENTINEL_SCHEME):
             raise ValueError(f"{where}: expected sentinel://HOST:PORT (parts joined by ';')")
-        split = urlsplit(part)
+        try:
+            split = urlsplit(part)
+        except ValueError:  # "Invalid IPv6 URL"
+            raise ValueError(
+                f"{where}: expected a host that is a name or address ([...] only around an "
+                "IPv6 address)"
+            ) from None
         try:
             port = split.port or SENTINEL_PORT
         except ValueError:
             raise ValueError(f"{where}: expected a port that is a number from 0 to 65535") from None
         if not split.hostname:
             raise ValueError(f"{where}: expected a host (sentinel://HOST:PORT)")
+        try:
+            check_host(split.hostname)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
         sentinels.append((split.hostname, port))
         path = split.path.strip("/")
         if path:
@@ -103,10 +172,7 @@ def parse_sentinel_url(url: str) -> SentinelUrl:
     if tls:
         # Read as redis-py reads a rediss:// URL's, so a bad value fails here, not later.
         query = "&".join(f"{k}={v}" for k, v in tls.items())
-        try:
-            parse_url(f"rediss://localhost/0?{query}")  # type: ignore[no-untyped-call]
-        except ValueError as e:
-            raise ValueError(f"expected TLS parameters redis-py can read ({e})") from None
+        check_query(f"rediss://localhost/0?{query}")
     return SentinelUrl(
         sentinels=tuple(sentinels),
         db=next(iter(dbs), 0),

@@ -81,6 +81,27 @@ def _inductor_helper() -> bool:
     return any(arg.replace(os.sep, "/").endswith(_INDUCTOR_HELPERS) for arg in argv[1:] if arg)
 
 
+def _importable() -> bool:
+    """Whether this interpreter can import compileq; if not, one line saying so and why.
+
+    ``compileq run`` puts this file's dir on PYTHONPATH, so every Python of the job runs it,
+    also one that compileq is not installed for (``compileq run -- python3 ...`` from a venv,
+    with a system ``python3`` first on PATH). There compileq cannot be active: said once, with
+    where it is installed, instead of the first import's error (``no profile prefetch: No
+    module named 'compileq'``, which read as if compileq ran and only a prefetch failed)."""
+    if importlib.util.find_spec("compileq") is not None:
+        return True
+    # <site dir>/compileq/_boot/sitecustomize.py: the dir that holds the compileq package.
+    installed = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    print(
+        f"compileq: not active in this process: {sys.executable or 'this Python'} cannot import "
+        f"compileq (it is installed under {installed}, for another Python); run the job with "
+        "that Python, or install compileq into this one",
+        file=sys.stderr,
+    )
+    return False
+
+
 def _enabled() -> bool:
     """``COMPILEQ_ENABLED`` by Settings' own rule (``compileq.early_settings``), read without
     Settings: pydantic and redis-py would cost every process of the job about 0.45 s."""
@@ -93,7 +114,7 @@ def _enabled() -> bool:
         return False
 
 
-if not _inductor_helper() and _enabled():
+if not _inductor_helper() and _importable() and _enabled():
     sys.meta_path.insert(0, _InstallWhenInductorLoads())
     try:  # the job's profile starts coming while this process imports torch
         from compileq.inductor import profiles

@@ -44,22 +44,28 @@ end
 return out
 """
 
-# Replace what a key holds only while it is still the bad value this process judged (or, for
-# an oversized value or one of another type, still such a value): a good entry written by
-# someone else meanwhile is never clobbered.
+# Replace what a key holds only while it is still the bad value this process judged: the very
+# bytes (ARGV[5] 'equal', ARGV[1]); a value over the cap or of another type ('unreadable'); an
+# empty string or nothing at all ('empty': a miss to the bounded read, and SET NX refuses an
+# empty string). A good entry written by someone else meanwhile is never clobbered. Returns
+# 1 replaced, 2 written where nothing was, 0 left alone.
 _REPLACE_BAD = """
 local kind = redis.call('TYPE', KEYS[1])['ok']
-local bad = kind ~= 'string'
-if kind == 'string' then
-  if ARGV[1] == '' then bad = redis.call('STRLEN', KEYS[1]) > tonumber(ARGV[3])
-  else bad = redis.call('GET', KEYS[1]) == ARGV[1] end
-end
+local mode = ARGV[5]
+local bad
+if kind == 'none' then bad = mode == 'empty'
+elseif kind ~= 'string' then bad = mode == 'unreadable'
+elseif mode == 'empty' then bad = redis.call('STRLEN', KEYS[1]) == 0
+elseif mode == 'unreadable' then bad = redis.call('STRLEN', KEYS[1]) > tonumber(ARGV[3])
+else bad = redis.call('GET', KEYS[1]) == ARGV[1] end
 if not bad then return 0 end
+if kind ~= 'none' and kind ~= 'string' then redis.call('DEL', KEYS[1]) end
 if tonumber(ARGV[4]) > 0 then
   redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[4])
 else
   redis.call('SET', KEYS[1], ARGV[2])
 end
+if kind == 'none' then return 2 end
 return 1
 """
 
@@ -195,10 +201,10 @@ class RedisStore(Store):
         self.client.set(key, self.seal(key, payload), ex=self._ttl)
 
     def _replace_if_bad(self, key: str, blob: bytes) -> bool:
-        """Put ``blob`` in place of an entry that fails verification, so no bad value (a
-        flipped key id, a rotated secret's entry, an oversized plant) is a permanent miss."""
+        """Put ``blob`` in place of whatever ``key`` holds that does not verify as ours, so no
+        bad value (empty, truncated, a flipped key id, a rotated secret's entry, an oversized
+        plant, another Redis type) is a permanent miss: each costs one rebuild."""
         current = self.read_bounded([key])[0]
-        expected = b""  # oversized, or of another type: the script checks it still is
         if isinstance(current, bytes):
             try:
                 verify(self._secret, key, current)
@@ -208,15 +214,34 @@ class RedisStore(Store):
                     return False
             except IntegrityError:
                 pass
-            expected = current
-        elif current is None:
-            return False  # gone meanwhile (expired): the next build's SET NX fills it
-        replaced = bool(
-            self._replace_bad(keys=[key], args=[expected, blob, self._max_bytes, self._ttl or 0])
+            mode, expected = "equal", current
+        else:  # None: empty, or gone meanwhile; an int: over the cap, or not a string
+            mode, expected = ("empty" if current is None else "unreadable"), b""
+        done = int(
+            self._replace_bad(
+                keys=[key], args=[expected, blob, self._max_bytes, self._ttl or 0, mode]
+            )
         )
-        if replaced:
+        if done == 1:
             self.count({Counter.REPLACED_ENTRIES: 1})
-        return replaced
+        return done > 0
+
+    def holds(self, key: str) -> bool:
+        """Whether ``key`` holds an entry that verifies as ours (a put would change nothing).
+        Rejected alternative: ``EXISTS``, which an empty or planted value also passes."""
+        blob = self.read_bounded([key])[0]
+        if not isinstance(blob, bytes):
+            return False
+        try:
+            verify(self._secret, key, blob)
+        except IntegrityError:
+            return False
+        return True
+
+    @property
+    def secret(self) -> bytes:
+        """The shared secret, for what is signed beside entries (leases)."""
+        return self._secret
 
     @property
     def ttl_s(self) -> int | None:

@@ -39,7 +39,7 @@ from compileq._log import log, warn_once
 from compileq.cache.counters import Counter, Reason, fallback
 from compileq.fingerprint import FxToolchain, Target, fx_target, local_fx_toolchain
 from compileq.hooks.feature import Context, Feature
-from compileq.scheduler import roundtrip
+from compileq.scheduler import fx_join, roundtrip
 from compileq.scheduler.client import KernelClient
 from compileq.scheduler.fallback import Fallback
 from compileq.tasks.device_index import tensor_devices
@@ -155,6 +155,9 @@ def choose_route(client: KernelClient | None, gm: Any, example_inputs: Sequence[
     queue = fx_queue(toolchain, target)
     try:
         live = client.router.has_worker(queue)
+        if not live and (gpu is None or cpu):  # a CPU FX queue may be about to join
+            joining = fx_join.pending_queue(toolchain, gpu)
+            live = fx_join.joined_in_time(client.router, queue, joining, client.settings.deadline_s)
         if not live:
             why = client.router.why_unserved_fx(target, toolchain)
     except redis.RedisError as e:

@@ -56,6 +56,7 @@ from compileq.fingerprint import Toolchain
 from compileq.hooks.feature import Context, Feature
 from compileq.scheduler import boundary, roundtrip
 from compileq.scheduler.client import KernelClient
+from compileq.scheduler.progress import progress
 from compileq.tasks import device_index
 from compileq.tasks.queues import tune_queue
 from compileq.tasks.tune_jobs import (
@@ -127,6 +128,7 @@ def _tune(client: KernelClient, choices: Sequence[Any], gpu: str | None) -> Tune
         whole, timings = _read_with_table(client, table, list(by_key))
         if whole is not None:
             store.count({Counter.TUNE_TABLE_HITS: 1, Counter.TUNE_HITS: len(jobs)})
+            progress.tuned(hits=len(jobs))
             return Tuned(whole)
         hits = set(timings)
         pending = {k: j for k, j in by_key.items() if k not in timings}
@@ -147,6 +149,7 @@ def _tune(client: KernelClient, choices: Sequence[Any], gpu: str | None) -> Tune
     out = {c: timings[k] for c, k in keyed.items() if k in timings}
     found = sum(1 for k in keyed.values() if k in hits)
     store.count({Counter.TUNE_HITS: found, Counter.TUNE_LOCAL: len(jobs) - len(out)})
+    progress.tuned(hits=found, remote=len(out) - found, local=len(jobs) - len(out))
     share = {c: k for c, k in keyed.items() if k not in timings} if here else {}
     return Tuned(out, share, table)
 

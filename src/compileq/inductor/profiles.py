@@ -297,7 +297,10 @@ def _merge_into(store: Any, name: str, ours: bytes) -> None:
     # the lease's life.
     owner = leases.new_owner()
     deadline = time.monotonic() + _WAIT_S
-    while not (held := leases.take_many(store.client, [name], owner, _MERGE_LEASE_MS)[0]):
+    secret = store.secret
+    while not (
+        held := leases.take_many(store.client, [name], owner, _MERGE_LEASE_MS, secret=secret)[0]
+    ):
         if time.monotonic() >= deadline:
             break
         time.sleep(0.05)

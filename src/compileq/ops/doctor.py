@@ -7,6 +7,8 @@ the first failure.
 
 from __future__ import annotations
 
+import os
+import shutil
 import time
 import uuid
 from collections import defaultdict
@@ -18,15 +20,14 @@ from redis.sentinel import MasterNotFoundError
 
 from compileq import keys
 from compileq._text import printable
-from compileq.cache import liveness
 from compileq.cache.counters import Counter, Reason, read_counters, read_fallback_reasons
+from compileq.cache.workers_seen import WorkersSeen, read_workers
 from compileq.config import Settings, redact
 from compileq.connect import redis_client
 from compileq.errors import CompileqError, ConfigError
 from compileq.fingerprint import Target, differences, flatten
 from compileq.ops import sentinel
 from compileq.sentinel_url import is_sentinel, parse_sentinel_url
-from compileq.tasks.probe import check_probe
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 #: Clock skew worth a warning, and skew that fails the check. Liveness and leases run on
@@ -51,16 +52,27 @@ class Check:
         return f"{text}\n      fix: {hint}" if hint and self.status != OK else text
 
 
-def run(settings: Settings, targets: list[Target] | None) -> list[Check]:
+def run(
+    settings: Settings, targets: list[Target] | None, source: str = "COMPILEQ_REDIS_URL"
+) -> list[Check]:
+    """Every check, in order. ``source``: where the cache Redis's URL came from (the flag,
+    the variable or the default), named in its line."""
     checks: list[Check] = []
-    cache = _redis_check(checks, "cache redis", settings.redis_url, settings, keys.DOCTOR)
+    cache = _redis_check(
+        checks, "cache redis", settings.redis_url, settings, keys.DOCTOR, f"from {source}"
+    )
     if is_sentinel(settings.redis_url):
         checks.append(
             _sentinel_check("cache sentinel", settings.redis_url, settings, cache, keys.SENTINEL)
         )
     if settings.broker_url and settings.broker_url != settings.redis_url:
         broker = _redis_check(
-            checks, "broker redis", settings.broker_url, settings, keys.BROKER_DOCTOR
+            checks,
+            "broker redis",
+            settings.broker_url,
+            settings,
+            keys.BROKER_DOCTOR,
+            "from COMPILEQ_BROKER_URL",
         )
         if is_sentinel(settings.broker_url):
             checks.append(
@@ -70,9 +82,7 @@ def run(settings: Settings, targets: list[Target] | None) -> list[Check]:
             )
     else:
         checks.append(
-            Check(
-                "broker redis", OK if cache else FAIL, "same URL as the cache (COMPILEQ_REDIS_URL)"
-            )
+            Check("broker redis", OK if cache else FAIL, f"same URL as the cache (from {source})")
         )
     try:
         secret: bytes | None = settings.secret_bytes()
@@ -83,11 +93,15 @@ def run(settings: Settings, targets: list[Target] | None) -> list[Check]:
         for name in ("workers", "version skew", "gpu pinning", "clock skew", "fallbacks"):
             checks.append(Check(name, WARN, "not checked: the cache Redis is out of reach"))
         return checks
-    workers = liveness.live_workers(cache)
+    seen = read_workers(cache, secret, settings.heartbeat_ttl_s)
     if secret is not None:
-        checks.append(_secret_check(secret, workers))
+        checks.append(_secret_check(seen))
+    records = _records_check(seen)
+    if records is not None:
+        checks.append(records)
+    workers = seen.live
     chosen, how = _targets(targets, workers)
-    checks.extend(_worker_checks(cache, settings, workers, chosen, how))
+    checks.extend(_worker_checks(cache, settings, workers, chosen, how, seen.foreign_records))
     checks.append(_pinning_check(workers))
     checks.append(_clock_check(cache, workers))
     checks.append(_fallback_check(cache))
@@ -98,11 +112,11 @@ def run(settings: Settings, targets: list[Target] | None) -> list[Check]:
 
 
 def _redis_check(
-    checks: list[Check], name: str, url: str, settings: Settings, prefix: str
+    checks: list[Check], name: str, url: str, settings: Settings, prefix: str, source: str
 ) -> redis.Redis | None:
-    shown = redact(url)
+    shown = f"{redact(url)} ({source})"
     if is_sentinel(url):
-        shown = f"{shown} (master {settings.sentinel_master!r})"
+        shown = f"{redact(url)} (master {settings.sentinel_master!r}, {source})"
     client = redis_client(url, settings)
     try:
         started = time.perf_counter()
@@ -226,30 +240,49 @@ def _sentinel_check(
 # -- secret -----------------------------------------------------------------------------------
 
 
-def _secret_check(secret: bytes, workers: list[dict[str, Any]]) -> Check:
-    if not workers:
-        return Check("secret", WARN, "set here; no live worker to compare it with")
-    other = [
-        w["id"] for w in workers if w.get("probe") and not check_probe(secret, w["id"], w["probe"])
-    ]
-    silent = [w["id"] for w in workers if not w.get("probe")]
+def _secret_check(seen: WorkersSeen) -> Check:
+    """Whether the live workers hold this secret: a worker's heartbeat record is signed with
+    its secret, so a record signed and recent that does not verify here is a worker started
+    with another secret (or a forgery: without the secret the two look alike). Unsigned
+    records prove nothing either way and are left to the worker records' check."""
+    workers, other = seen.live, seen.foreign
     if other:
         return Check(
             "secret",
             FAIL,
-            f"{len(other)} of {len(workers)} workers sign with another COMPILEQ_SECRET: "
-            + ", ".join(other),
+            f"{len(other)} of {len(workers) + len(other)} workers sign with another "
+            "COMPILEQ_SECRET (or their records are forged): " + ", ".join(other),
             "give clients and workers the same COMPILEQ_SECRET and restart those workers; "
             "until then they reject every job from here",
         )
-    if silent:
-        return Check(
-            "secret",
-            WARN,
-            f"{len(silent)} workers publish no signed probe (older compileq): " + ", ".join(silent),
-            "upgrade those workers",
-        )
+    if not workers:
+        return Check("secret", WARN, "set here; no live worker to compare it with")
     return Check("secret", OK, f"all {len(workers)} live workers hold the same secret")
+
+
+def _records_check(seen: WorkersSeen) -> Check | None:
+    """Worker records that prove nothing (unsigned, stale, malformed, another Redis type):
+    never counted as workers nor judged, only named; None when there are none."""
+    if not seen.ignored and not seen.wrong_type:
+        return None
+    parts = []
+    if seen.ignored:
+        parts.append(
+            f"{len(seen.ignored)} worker records in Redis are unsigned, stale or malformed "
+            "and were ignored: " + ", ".join(seen.ignored[:10])
+        )
+    if seen.wrong_type:
+        parts.append(
+            "keys of another Redis type than compileq writes: " + ", ".join(seen.wrong_type[:10])
+        )
+    return Check(
+        "worker records",
+        WARN,
+        "; ".join(parts),
+        "not workers: left by an old compileq, or written by someone with write access to "
+        "Redis; each expires, or delete it (DEL compileq:worker:<id>; ZREM compileq:workers "
+        "<id>) and check who may write to this Redis",
+    )
 
 
 # -- workers and toolchains -------------------------------------------------------------------
@@ -258,16 +291,41 @@ def _secret_check(secret: bytes, workers: list[dict[str, Any]]) -> Check:
 def _targets(given: list[Target] | None, workers: list[dict[str, Any]]) -> tuple[list[Target], str]:
     if given:
         return given, "--arch"
-    from compileq.workers.gpus import probe_gpus
+    published = _published_targets(workers)
+    # The GPUs here are asked only when a worker builds for a GPU at all and this machine may
+    # have one: listing them can start a torch process (1.8 s measured on a CPU-only
+    # machine), which told nothing when no worker was involved.
+    if published and _may_have_gpus():
+        from compileq.workers.gpus import probe_gpus
 
-    try:
-        gpus = probe_gpus()
-    except CompileqError:
-        gpus = []
-    if gpus:
-        return sorted({g.target for g in gpus}), "this machine's GPUs"
-    published = {t for w in workers for t in (w.get("toolchains") or {})}
-    return sorted(Target.parse(t) for t in published), "no GPU here: every target workers serve"
+        try:
+            gpus = probe_gpus()
+        except CompileqError:
+            gpus = []
+        if gpus:
+            return sorted({g.target for g in gpus}), "this machine's GPUs"
+    return sorted(published), NO_GPU
+
+
+#: How ``_targets`` says it found no GPU here and took every target workers serve.
+NO_GPU = "no GPU here: every target workers serve"
+
+
+def _published_targets(workers: list[dict[str, Any]]) -> set[Target]:
+    found = set()
+    for worker in workers:
+        toolchains = worker.get("toolchains")
+        for name in toolchains if isinstance(toolchains, dict) else ():
+            try:
+                found.add(Target.parse(name))
+            except (CompileqError, ValueError):
+                continue  # a target this compileq does not know: another version's worker
+    return found
+
+
+def _may_have_gpus() -> bool:
+    """Whether an NVIDIA GPU may be here: its driver's device file or its tool."""
+    return os.path.exists("/dev/nvidia0") or shutil.which("nvidia-smi") is not None
 
 
 def _worker_checks(
@@ -276,7 +334,11 @@ def _worker_checks(
     workers: list[dict[str, Any]],
     targets: list[Target],
     how: str,
+    foreign: list[dict[str, Any]] | None = None,
 ) -> list[Check]:
+    """Whether live workers serve ``targets``, and how their toolchains differ from this
+    machine's; ``foreign``: records signed with another secret, whose claimed toolchains
+    the version skew also compares (never counted as workers)."""
     from compileq.scheduler.routing import Router
 
     router = Router(client, settings)
@@ -293,21 +355,27 @@ def _worker_checks(
         ]
     served: list[tuple[Target, str, int]] = []
     unserved: list[tuple[Target, str, int]] = []
+    why: dict[Target, str] = {}
     for target in targets:
         queue = router.queue(target)
-        live = router.live_count(queue)  # workers whose signed heartbeat verifies
+        try:
+            live = router.live_count(queue)  # workers whose signed heartbeat verifies
+            if not live:
+                why[target] = router.why_unserved(target)
+        except redis.ResponseError as e:  # WRONGTYPE: a key compileq reads, of another type
+            live, why[target] = 0, f"its workers cannot be read: {e}"
         (served if live else unserved).append((target, queue, live))
     checks = []
     # Without a GPU or --arch, one matching target is enough: the machine may never build
     # for the others.
-    failed = unserved and (how != "no GPU here: every target workers serve" or not served)
+    failed = unserved and (how != NO_GPU or not served)
     if failed:
         checks.append(
             Check(
                 "workers",
                 FAIL,
                 "no live worker builds with this machine's toolchain for "
-                + "; ".join(f"{t} ({router.why_unserved(t)})" for t, _, _ in unserved),
+                + "; ".join(f"{t} ({why[t]})" for t, _, _ in unserved),
                 "start a worker with the same torch, Triton, assembler and TRITON_* variables, "
                 "or align this machine with the workers (see version skew)",
             )
@@ -315,7 +383,7 @@ def _worker_checks(
     else:
         detail = ", ".join(f"{t}: {n} live" for t, _, n in served)
         checks.append(Check("workers", OK, f"{detail} for this machine's toolchain ({how})"))
-    checks.append(_skew_check(router, workers, targets, bool(failed)))
+    checks.append(_skew_check(router, [*workers, *(foreign or [])], targets, bool(failed)))
     return checks
 
 
@@ -325,9 +393,13 @@ def _skew_check(
     skewed = []
     compared = 0
     for worker in workers:
-        for name, theirs in (worker.get("toolchains") or {}).items():
-            target = Target.parse(name)
-            if target not in targets:
+        toolchains = worker.get("toolchains")
+        for name, theirs in (toolchains if isinstance(toolchains, dict) else {}).items():
+            try:
+                target = Target.parse(name)
+            except (CompileqError, ValueError):
+                continue
+            if target not in targets or not isinstance(theirs, dict):
                 continue
             compared += 1
             mine = flatten(router.toolchain(target).describe())
@@ -419,7 +491,7 @@ def _fallback_check(client: redis.Redis) -> Check:
     )
     known = {r.value: r for r in Reason}
     hint = _FALLBACK_HINTS.get(known[top], "") if top in known else ""
-    return Check("fallbacks", WARN, detail, hint + " (zero the counters: compileq stats --reset)")
+    return Check("fallbacks", WARN, detail, hint + " (zero the counters: compileq stats --zero)")
 
 
 # -- clocks -----------------------------------------------------------------------------------

@@ -9,7 +9,12 @@ where the two records disagree are what made the miss.
 Graphs (FX, AOTAutograd) are keyed by Inductor's own opaque hash of the graph, its inputs and
 Inductor's config; compileq can only record what surrounds it (this machine's toolchain and
 the Inductor key itself), so for a graph explain shows those, never which part of the graph's
-hash changed.
+hash changed. ``--last-misses`` covers every kind: the misses whose key material is logged
+(kernels') one by one, and every other kind's misses as counted, with what can be asked next.
+
+Everything read back comes from Redis, where anybody may write: a key of another type, a
+record that is no JSON object or whose parts have other types, all read as absent; workers
+are those whose heartbeat record verifies (cache/workers_seen.py).
 """
 
 from __future__ import annotations
@@ -20,7 +25,10 @@ import redis
 
 from compileq import keys
 from compileq._text import printable as _p
-from compileq.cache import liveness, meta
+from compileq.cache import meta
+from compileq.cache.counters import read_counters
+from compileq.cache.stats import KINDS
+from compileq.cache.workers_seen import read_workers
 from compileq.errors import CompileqError
 from compileq.fingerprint import Target, differences, flatten
 
@@ -36,8 +44,13 @@ def components(record: dict[str, Any]) -> dict[str, Any]:
     The material's ``toolchain`` entry is the digest of the toolchain record beside it, so it
     is shown once, through that record's parts.
     """
-    material = {k: v for k, v in (record.get("material") or {}).items() if k != "toolchain"}
-    return {**flatten(material), **flatten({"toolchain": record.get("toolchain") or {}})}
+    material = {k: v for k, v in _dict(record.get("material")).items() if k != "toolchain"}
+    return {**flatten(material), **flatten({"toolchain": _dict(record.get("toolchain"))})}
+
+
+def _dict(value: object) -> dict[str, Any]:
+    """A part of a record read from Redis, as a dict: anything else reads as empty."""
+    return value if isinstance(value, dict) else {}
 
 
 def compare(
@@ -55,7 +68,7 @@ def resolve_key(client: redis.Redis, text: str) -> str:
     if text.startswith(keys.ARTIFACT):
         return text
     found: list[str] = [
-        k.decode()[len(keys.META) :]
+        k.decode(errors="replace")[len(keys.META) :]
         for k in client.scan_iter(match=f"{keys.META}{keys.ARTIFACT}*:{text}", count=1000)
     ]
     if len(found) == 1:
@@ -81,19 +94,24 @@ def here_record(record: dict[str, Any]) -> dict[str, Any]:
     from compileq.fingerprint import local_toolchain
     from compileq.scheduler.recognise import inductor_extra_config
 
-    material = dict(record.get("material") or {})
+    material = dict(_dict(record.get("material")))
     if material.get("kind") != "triton":
         from compileq.fingerprint import host_identity
 
         return {"material": material, "toolchain": host_identity()}
+    if not isinstance(material.get("target"), str):
+        raise ExplainError("the recorded key material names no target to compare with")
     material["config"] = inductor_extra_config()
-    toolchain = local_toolchain(Target.parse(str(material["target"]))).describe()
+    toolchain = local_toolchain(Target.parse(material["target"])).describe()
     return {"material": material, "toolchain": toolchain}
 
 
-def find_worker(client: redis.Redis, selector: str) -> dict[str, Any]:
-    """A live worker whose id, name or host matches ``selector`` (exactly, else as a part)."""
-    workers = liveness.live_workers(client)
+def find_worker(
+    client: redis.Redis, selector: str, secret: bytes | None = None, ttl_s: float = 15.0
+) -> dict[str, Any]:
+    """A live worker whose id, name or host matches ``selector`` (exactly, else as a part):
+    one whose record verifies with ``secret`` (without one: signed and recent)."""
+    workers = read_workers(client, secret, ttl_s).live
     exact = [w for w in workers if selector in (w.get("id"), w.get("name"), w.get("host"))] or [
         w for w in workers if selector in str(w.get("id"))
     ]
@@ -103,17 +121,23 @@ def find_worker(client: redis.Redis, selector: str) -> dict[str, Any]:
 
 
 def worker_record(worker: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
-    material = record.get("material") or {}
+    material = _dict(record.get("material"))
     target = str(material.get("target"))
-    toolchain = (worker.get("toolchains") or {}).get(target)
-    if toolchain is None:
+    toolchain = _dict(worker.get("toolchains")).get(target)
+    if not isinstance(toolchain, dict):
         raise ExplainError(f"worker {worker.get('id')} does not build for {target}")
     return {"material": material, "toolchain": toolchain}
 
 
-def explain_key(client: redis.Redis, text: str, against: str | None = None) -> dict[str, Any]:
+def explain_key(
+    client: redis.Redis,
+    text: str,
+    against: str | None = None,
+    secret: bytes | None = None,
+    ttl_s: float = 15.0,
+) -> dict[str, Any]:
     """The components of a key; with ``against`` (``here``, a worker, or another key) the
-    components that differ."""
+    components that differ. ``secret``, ``ttl_s``: how a worker's record is verified."""
     key = resolve_key(client, text)
     record = record_of(client, key)
     out: dict[str, Any] = {
@@ -133,7 +157,7 @@ def explain_key(client: redis.Redis, text: str, against: str | None = None) -> d
         other_key = resolve_key(client, against)
         other, label = record_of(client, other_key), other_key
     else:
-        worker = find_worker(client, against)
+        worker = find_worker(client, against, secret, ttl_s)
         other, label = worker_record(worker, record), str(worker.get("id"))
     out["against"] = label
     out["differences"] = compare(record, other, "key", "other")
@@ -150,20 +174,30 @@ def _looks_like_digest(text: str) -> bool:
     return len(text) >= 16 and all(c in "0123456789abcdef" for c in text)
 
 
-def explain_toolchains(client: redis.Redis, selector: str, targets: list[Target]) -> dict[str, Any]:
+def explain_toolchains(
+    client: redis.Redis,
+    selector: str,
+    targets: list[Target],
+    secret: bytes | None = None,
+    ttl_s: float = 15.0,
+) -> dict[str, Any]:
     """This machine's toolchain against a live worker's, per target the worker builds."""
     from compileq.fingerprint import local_toolchain
 
-    worker = find_worker(client, selector)
-    published = worker.get("toolchains") or {}
+    worker = find_worker(client, selector, secret, ttl_s)
+    published = _dict(worker.get("toolchains"))
     names = [str(t) for t in targets] or sorted(published)
     rows: list[dict[str, Any]] = []
     for name in names:
         theirs = published.get(name)
-        if theirs is None:
+        if not isinstance(theirs, dict):
             rows.append({"target": name, "error": "the worker does not build for it"})
             continue
-        mine = local_toolchain(Target.parse(name)).describe()
+        try:
+            mine = local_toolchain(Target.parse(name)).describe()
+        except CompileqError as e:  # a target this compileq does not know
+            rows.append({"target": name, "error": str(e)})
+            continue
         a, b = flatten({"toolchain": mine}), flatten({"toolchain": theirs})
         rows.append(
             {
@@ -177,44 +211,72 @@ def explain_toolchains(client: redis.Redis, selector: str, targets: list[Target]
     return {"worker": worker.get("id"), "targets": rows}
 
 
-def explain_last_misses(client: redis.Redis, n: int) -> list[dict[str, Any]]:
-    """For each of the last ``n`` kernel misses: its nearest stored sibling and what differs."""
-    out = []
-    for miss in meta.last_misses(client, n):
-        material = miss.get("material") or {}
-        row: dict[str, Any] = {
-            "key": miss.get("key"),
-            "name": miss.get("name"),
-            "client": miss.get("client"),
-            "time": miss.get("time"),
-            "nearest": None,
-            "differences": [],
-        }
-        stored = meta.sibling_keys(
-            client,
-            str(material.get("kind")),
-            str(material.get("source")),
+def explain_last_misses(client: redis.Redis, n: int) -> dict[str, Any]:
+    """The last ``n`` misses whose key material is logged, each by its nearest stored sibling
+    and what differs (``misses``); and per kind, the misses counted since the counters were
+    zeroed (``counted``), which for kinds other than Triton kernels are not logged one by one.
+    ``problems``: what could not be read (a key of another type)."""
+    problems: list[str] = []
+    try:
+        logged = meta.last_misses(client, n)
+    except redis.ResponseError:  # WRONGTYPE: not the list compileq writes
+        logged, problems = [], [f"{keys.MISSES} holds another Redis type than compileq writes"]
+    rows = [_explain_miss(client, miss, problems) for miss in logged]
+    counters = read_counters(client)
+    counted = {
+        kind.label: counters.get(kind.misses.value, 0)
+        for kind in KINDS
+        if kind.misses is not None and counters.get(kind.misses.value, 0)
+    }
+    return {"misses": rows, "counted": counted, "problems": problems}
+
+
+def _explain_miss(client: redis.Redis, miss: dict[str, Any], problems: list[str]) -> dict[str, Any]:
+    material = _dict(miss.get("material"))
+    row: dict[str, Any] = {
+        "kind": str(material.get("kind")),
+        "key": miss.get("key"),
+        "name": miss.get("name"),
+        "client": miss.get("client"),
+        "time": miss.get("time"),
+        "nearest": None,
+        "differences": [],
+    }
+    if not isinstance(material.get("source"), str):
+        row["reason"] = "its record names no source: no stored sibling can be looked up"
+        return row
+    try:
+        stored = meta.sibling_keys(client, str(material.get("kind")), material["source"])
+    except redis.ResponseError:  # WRONGTYPE
+        problems.append("a siblings index holds another Redis type than compileq writes")
+        stored = []
+    siblings = [k for k in stored if k != miss.get("key")]
+    best: tuple[int, str, list[dict[str, Any]]] | None = None
+    for key, record in zip(siblings, meta.read_meta(client, siblings), strict=True):
+        if record is None:
+            continue
+        diff = compare(miss, record, "miss", "stored")
+        if best is None or len(diff) < best[0]:
+            best = (len(diff), key, diff)
+    if best is None:
+        row["reason"] = (
+            "a first build: no other entry of this kernel's source is stored; it "
+            "is stored now under the key it missed"
+            if miss.get("key") in stored
+            else "no entry of this kernel's source is stored with any settings: "
+            "never built, expired or evicted"
         )
-        siblings = [k for k in stored if k != miss.get("key")]
-        best: tuple[int, str, list[dict[str, Any]]] | None = None
-        for key, record in zip(siblings, meta.read_meta(client, siblings), strict=True):
-            if record is None:
-                continue
-            diff = compare(miss, record, "miss", "stored")
-            if best is None or len(diff) < best[0]:
-                best = (len(diff), key, diff)
-        if best is None:
-            row["reason"] = (
-                "a first build: no other entry of this kernel's source is stored; it "
-                "is stored now under the key it missed"
-                if miss.get("key") in stored
-                else "no entry of this kernel's source is stored with any settings: "
-                "never built, expired or evicted"
-            )
-        else:
-            row["nearest"], row["differences"] = best[1], best[2]
-        out.append(row)
-    return out
+    else:
+        row["nearest"], row["differences"] = best[1], best[2]
+    return row
+
+
+#: What to do about misses counted but not logged one by one (graphs, C++ objects, modules).
+UNLOGGED_HINT = (
+    "their keys are Inductor's own hashes, not logged one by one: `compileq explain KEY` "
+    "shows what a stored entry was built from, and `compileq doctor` whether this machine's "
+    "toolchain matches the workers'"
+)
 
 
 # The renderers below print keys, hosts, worker ids, component names and values read from
@@ -262,10 +324,11 @@ def render_toolchains(info: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def render_misses(rows: list[dict[str, Any]]) -> str:
-    if not rows:
-        return "no kernel misses recorded"
-    lines = []
+def render_misses(result: dict[str, Any]) -> str:
+    rows, counted = result["misses"], result["counted"]
+    lines = [f"note: {_p(p)}" for p in result.get("problems", [])]
+    if not rows and not counted:
+        return "\n".join([*lines, "no misses recorded since the counters were last zeroed"])
     for row in rows:
         lines.append(
             f"miss {_p(str(row['name']))} ({_p(str(row['key']))}) by {_p(str(row['client']))}"
@@ -281,4 +344,9 @@ def render_misses(rows: list[dict[str, Any]]) -> str:
                 f"  differs in {_p(str(d['component']))}: miss {_p(repr(d['miss']))}, "
                 f"stored {_p(repr(d['stored']))}"
             )
+    if counted:
+        lines.append("misses counted since the counters were last zeroed:")
+        lines += [f"  {label}: {n}" for label, n in counted.items()]
+        if any(label != KINDS[0].label for label in counted):
+            lines.append(f"  (other than Triton kernels, {UNLOGGED_HINT})")
     return "\n".join(lines)

@@ -1,14 +1,23 @@
-"""Cross-process single-flight leases: ``SET compileq:lock:<key> <owner> NX PX ttl``.
+"""Cross-process single-flight leases: ``SET compileq:lock:<key> <signed value> NX PX ttl``.
 
-Every lease compileq takes has an expiry, and its value names its owner. So:
+A lease's value names its owner, the Redis server time it was taken or last renewed and its
+lifetime, under an HMAC with the shared secret and the lock's own key
+(``owner|taken_ms|ttl_ms|tag``). A lease is honoured only while that value verifies and its
+signed lifetime has not run out on Redis's clock; anything else under a lock key (no expiry,
+an unsigned or foreign value, a genuine value copied back with an hour's TTL, a value of
+another Redis type) was not set by a live compileq owner, and the next taker replaces it at
+once, with a compare-and-set on the value it judged (a live owner's lease is never replaced),
+and counts it in ``stale_leases``. Rejected alternatives: honouring any value while its Redis
+TTL lasts, which let one ``SET compileq:lock:<key> x PX 3600000`` make every build of that
+key wait the whole deadline for an hour; and judging only TTL-less locks, which caught the
+crash case but not a planted one.
+
+So:
 
 - release and refresh compare the owner inside Redis (Lua), and never touch a lease that
   expired and was taken by somebody else meanwhile;
-- a lock found *without* an expiry was not set by compileq (a crash cannot leave one: the
-  expiry is set in the same command), so it is stale: it is taken over in the same script
-  that found it (atomic, so a live owner's lease is never replaced) and counted. Rejected
-  alternative: waiting it out, which made every process wait the whole deadline for each
-  graph in turn.
+- a refresh signs the value again with the server's time, so a lease lives exactly as long
+  as its holder keeps proving it is alive.
 
 :class:`Leases` holds FX-graph leases (built in process) and refreshes them on one daemon
 thread, so a slow compile keeps its lease and a process that dies loses it within ``ttl``.
@@ -19,6 +28,8 @@ errors included; ``max_hold_s`` is the last resort.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import os
 import socket
 import threading
@@ -31,26 +42,81 @@ import redis
 
 from compileq import keys
 
+#: Domain separation: a lease's tag is never an entry's, a job's or a heartbeat's.
+_DOMAIN = b"compileq-lease-v1\0"
+#: A lease value is a few dozen bytes; anything longer is not one, and is never read.
+_MAX_VALUE_BYTES = 512
+
+# Drop the lease if ``owner`` (ARGV[1]) still holds it: its signed value starts "owner|".
 _RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-
-_REFRESH = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return 0
-"""
-
-# Take the lease; if held by a lock with no expiry, that lock is stale: replace it. Returns
-# 1 taken, 0 held by a live owner, 2 taken over a stale lock.
-_TAKE = """
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
-if redis.call('PTTL', KEYS[1]) == -1 then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 2
+local v = redis.call('GET', KEYS[1])
+if v and (v == ARGV[1] or string.sub(v, 1, #ARGV[1] + 1) == ARGV[1] .. '|') then
+  return redis.call('DEL', KEYS[1])
 end
 return 0
 """
+
+# Renew the lease with a value signed now (ARGV[2], ARGV[3] ms) if ``owner`` still holds it.
+_REFRESH = """
+local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, 1, #ARGV[1] + 1) == ARGV[1] .. '|' then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return 1
+end
+return 0
+"""
+
+# Take the lease: 1 taken; 2 taken over a lock no compileq owner can have set (no expiry, not
+# a string, longer than any lease value); else the value holding it, for the taker to judge.
+_TAKE = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind ~= 'string' or redis.call('PTTL', KEYS[1]) == -1
+    or redis.call('STRLEN', KEYS[1]) > tonumber(ARGV[3]) then
+  redis.call('DEL', KEYS[1])
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 2
+end
+return redis.call('GET', KEYS[1])
+"""
+
+# Replace a lock judged stale (ARGV[1], the value judged) unless it changed meanwhile.
+_TAKE_OVER = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return 1
+end
+return 0
+"""
+
+
+def server_ms(client: redis.Redis) -> int:
+    """Redis's own clock in milliseconds: leases are judged on it, never on a node's."""
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def _tag(secret: bytes, name: str, owner: str, taken_ms: int, ttl_ms: int) -> str:
+    material = f"{keys.lock(name)}\0{owner}\0{taken_ms}\0{ttl_ms}".encode()
+    return hmac.new(secret, _DOMAIN + material, hashlib.sha256).hexdigest()[:32]
+
+
+def signed_value(secret: bytes, name: str, owner: str, taken_ms: int, ttl_ms: int) -> str:
+    """The value of ``name``'s lease held by ``owner``, taken (or renewed) at ``taken_ms``."""
+    return f"{owner}|{taken_ms}|{ttl_ms}|{_tag(secret, name, owner, taken_ms, ttl_ms)}"
+
+
+def honoured(secret: bytes, name: str, value: bytes | str, now_ms: int) -> bool:
+    """Whether ``value``, found under ``name``'s lock, is a live owner's lease: signed with
+    ``secret`` for this very key, and its signed lifetime not over at Redis's ``now_ms``."""
+    text = value.decode(errors="replace") if isinstance(value, bytes) else value
+    parts = text.rsplit("|", 3)
+    if len(parts) != 4 or not all(p.isascii() and p.isdigit() for p in parts[1:3]):
+        return False
+    owner, taken, ttl, tag = parts[0], int(parts[1]), int(parts[2]), parts[3]
+    if not hmac.compare_digest(tag.encode(), _tag(secret, name, owner, taken, ttl).encode()):
+        return False
+    return taken - 1000 <= now_ms < taken + ttl
 
 
 def new_owner() -> str:
@@ -63,20 +129,39 @@ def take_many(
     owner: str,
     ttl_ms: int,
     on_stale: Callable[[int], None] = lambda _: None,
+    *,
+    secret: bytes,
 ) -> list[bool]:
     """Take the lease of each artifact key in ``names``; which ones this owner now holds.
-    ``on_stale(n)`` is told how many were stale locks taken over."""
+    A lock that is not a live owner's signed lease (see ``honoured``) is taken over;
+    ``on_stale(n)`` is told how many were."""
     if not names:
         return []
+    now = server_ms(client)
+    values = [signed_value(secret, name, owner, now, ttl_ms) for name in names]
     script = client.register_script(_TAKE)
     pipe = client.pipeline(transaction=False)
-    for name in names:
-        script(keys=[keys.lock(name)], args=[owner, ttl_ms], client=pipe)
-    results = [int(r) for r in cast("list[int]", pipe.execute())]
+    for name, value in zip(names, values, strict=True):
+        script(keys=[keys.lock(name)], args=[value, ttl_ms, _MAX_VALUE_BYTES], client=pipe)
+    results = cast("list[int | bytes]", pipe.execute())
+    taken = [r in (1, 2) for r in results]
     stale = sum(r == 2 for r in results)
+    judged = [
+        i
+        for i, r in enumerate(results)
+        if isinstance(r, bytes) and not honoured(secret, names[i], r, now)
+    ]
+    if judged:
+        over = client.register_script(_TAKE_OVER)
+        pipe = client.pipeline(transaction=False)
+        for i in judged:
+            over(keys=[keys.lock(names[i])], args=[results[i], values[i], ttl_ms], client=pipe)
+        for i, replaced in zip(judged, pipe.execute(), strict=True):
+            taken[i] = bool(replaced)
+            stale += bool(replaced)
     if stale:
         on_stale(stale)
-    return [r != 0 for r in results]
+    return taken
 
 
 def release(client: redis.Redis, name: str, owner: str) -> bool:
@@ -91,8 +176,11 @@ class Leases:
         ttl_s: float = 10.0,
         max_hold_s: float = 600.0,
         on_stale: Callable[[int], None] = lambda _: None,
+        *,
+        secret: bytes,
     ) -> None:
         self._client = client
+        self._secret = secret
         self._ttl_ms = int(ttl_s * 1000)
         self._max_hold_s = max_hold_s
         self._on_stale = on_stale
@@ -113,8 +201,10 @@ class Leases:
         with self._lock:
             ours = key in self._held
         if (
-            not (ours and self._refresh_one(keys=[keys.lock(key)], args=[self.owner, self._ttl_ms]))
-            and not take_many(self._client, [key], self.owner, self._ttl_ms, self._on_stale)[0]
+            not (ours and self._renew(key))
+            and not take_many(
+                self._client, [key], self.owner, self._ttl_ms, self._on_stale, secret=self._secret
+            )[0]
         ):
             return False
         with self._lock:
@@ -165,4 +255,12 @@ class Leases:
                 live = list(self._held)
             for key in live:
                 with contextlib.suppress(redis.RedisError):
-                    self._refresh_one(keys=[keys.lock(key)], args=[self.owner, self._ttl_ms])
+                    self._renew(key)
+
+    def _renew(self, key: str) -> bool:
+        """Sign ``key``'s lease again with Redis's time now, if this owner still holds it:
+        the proof of life that keeps a waiter from taking it over."""
+        value = signed_value(self._secret, key, self.owner, server_ms(self._client), self._ttl_ms)
+        return bool(
+            self._refresh_one(keys=[keys.lock(key)], args=[self.owner, value, self._ttl_ms])
+        )

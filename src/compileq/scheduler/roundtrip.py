@@ -130,6 +130,7 @@ def take(sender: Sender, names: Sequence[str]) -> list[bool]:
         sender.client_id,
         lease_ms(sender.settings),
         lambda n: store.count({Counter.STALE_LEASES: n}),
+        secret=store.secret,
     )
 
 

@@ -95,19 +95,21 @@ class Router:
             return f"no live worker builds for {target}{served_here}"
         return " | ".join(seen[:3])
 
-    def has_worker(self, queue: str) -> bool:
-        """Whether a worker whose heartbeat verifies (see cache/liveness.py) serves ``queue``."""
+    def has_worker(self, queue: str, fresh: bool = False) -> bool:
+        """Whether a worker whose heartbeat verifies (see cache/liveness.py) serves ``queue``;
+        ``fresh``: asked of Redis now, not answered from the last few seconds' census."""
         now = time.monotonic()
         cached = self._live.get(queue)
-        if cached and now - cached[0] < _LIVENESS_CACHE_S:
+        if cached and now - cached[0] < _LIVENESS_CACHE_S and not fresh:
             return cached[1]
         live = self.live_count(queue) > 0
         self._live[queue] = (now, live)
         return live
 
-    def live_count(self, queue: str) -> int:
-        """How many workers whose heartbeat verifies serve ``queue`` (asked of Redis now)."""
-        found = liveness.census(self._client, queue, self._ttl, self._secret)
+    def live_count(self, queue: str, listed_in: str = "queues") -> int:
+        """How many workers whose heartbeat verifies serve ``queue`` (asked of Redis now);
+        ``listed_in``: the field of their records naming it (``pending_fx``: about to join)."""
+        found = liveness.census(self._client, queue, self._ttl, self._secret, listed_in)
         fresh = [r for r in found.rejected if r not in self._rejected]
         if found.foreign:
             warn_once(
@@ -135,5 +137,12 @@ class Router:
 
     def shares_secret(self) -> bool:
         """Whether a live worker proved this process's secret lately: the cluster agrees with
-        us, so an entry sealed with another secret is stale (a rotation), not the truth."""
-        return time.monotonic() - self._verified_at < 4 * self._ttl
+        us, so an entry sealed with another secret is stale (a rotation), not the truth.
+        Asked of the registry when no census proved it lately: a vector-ISA probe's verdict
+        is stored before any queue's census runs."""
+        if time.monotonic() - self._verified_at < 4 * self._ttl:
+            return True
+        if self._secret and liveness.any_verified(self._client, self._ttl, self._secret):
+            self._verified_at = time.monotonic()
+            return True
+        return False

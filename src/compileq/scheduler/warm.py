@@ -49,6 +49,14 @@ def _manifest_row(path: Path, number: int, raw: bytes) -> object:
         raise ManifestError(f"{path}:{number}: not JSON ({e})") from None
 
 
+def _utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def read_manifest(path: Path) -> list[TritonJob]:
     """Jobs from a JSONL file whose lines hold at least ``name`` and ``source``."""
     try:
@@ -70,6 +78,9 @@ def read_manifest(path: Path) -> list[TritonJob]:
             or not isinstance(row.get("source"), str)
         ):
             raise ManifestError(f"{path}:{number}: needs string fields 'name' and 'source'")
+        if not all(_utf8(row[field]) for field in ("name", "source")):
+            # JSON's "\ud800" escape decodes to a lone surrogate, which no key can hash.
+            raise ManifestError(f"{path}:{number}: not UTF-8 text (a lone surrogate escape)")
         job = TritonJob(row["name"], row["source"], config)
         if job.target is None:
             raise ManifestError(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from celery import Celery
 
@@ -48,6 +49,17 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     }
 
 
+def kombu_url(url: str) -> str:
+    """``url`` as kombu spells it: redis-py's ``unix:///PATH?db=N`` (a Redis on a unix socket,
+    as the local cluster runs it) is kombu's ``redis+socket:///PATH?virtual_host=N``; any
+    other URL is the same in both."""
+    if not url.startswith("unix://"):
+        return url
+    parts = urlsplit(url)
+    db = parse_qs(parts.query).get("db", ["0"])[0]
+    return f"redis+socket://{parts.path}?virtual_host={db}"
+
+
 def _broker(settings: Settings) -> dict[str, Any]:
     """The broker's URL and transport options; for Sentinel, kombu's sentinel transport.
 
@@ -66,7 +78,7 @@ def _broker(settings: Settings) -> dict[str, Any]:
         "socket_timeout": max(settings.connect_timeout_s, 5.0),
     }
     if not is_sentinel(settings.broker):
-        return {"broker_url": settings.broker, "broker_transport_options": options}
+        return {"broker_url": kombu_url(settings.broker), "broker_transport_options": options}
     target = parse_sentinel_url(settings.broker)
     options["master_name"] = master_name(settings)
     options["sentinel_kwargs"] = sentinel_options(target, settings)

@@ -70,6 +70,8 @@ class LateFxQueues:
                 "generate CPU graphs (clients compile them in process)",
                 self._error,
             )
+            # Joining none: the record stops saying they are pending, so no client waits.
+            self._joined({}, [], time.monotonic() - self._started)
             return
         queues = [self._queue_for(target, tc) for target, tc in self._result.items()]
         for queue in queues:

@@ -7,19 +7,24 @@ it sees exactly one GPU (or none with ``--cpu-only``) before anything touches CU
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
 import faulthandler
 import functools
 import gc
+import logging
 import os
 import signal
 import socket
 import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from compileq._laps import Laps
 from compileq._log import log
+from compileq.errors import ConfigError
 from compileq.workers.prefork import preload
 
 if TYPE_CHECKING:
@@ -69,9 +74,17 @@ def main(argv: list[str] | None = None) -> int:
     # dump goes through logging and its signal handler, which a hung shutdown can block.
     faulthandler.register(signal.SIGUSR2, all_threads=True)
     args = _parse_args(argv)
-    settings = _prepare_process(args)
+    try:
+        settings = _prepare_process(args)
+    except ConfigError as e:  # a setting it can never start with: once, not for ever
+        from compileq import flags
+
+        print(f"compileq worker: error: {e}", file=sys.stderr)
+        return flags.CONFIG_EXIT
     times.lap("compileq imports")
-    preload(args.cpu_only)
+    # Triton's cross-compile driver only where GPU targets are named: a --cpu-only worker
+    # without --arch serves this CPU's C++ objects and graphs only.
+    preload(args.cpu_only and bool(args.targets))
     times.lap("torch imports")
     targets, toolchains = _kernel_toolchains(args.targets)
     times.lap("kernel toolchains")
@@ -80,19 +93,43 @@ def main(argv: list[str] | None = None) -> int:
     host = socket.gethostname()
     _start(args, settings, store, plan, host, times)
     _run_celery(args, settings, plan.queues, host)
-    return 0
+    _exit_without_teardown(0)
+
+
+def _exit_without_teardown(code: int) -> NoReturn:
+    """Leave once Celery has shut down: exit handlers run and logs are flushed, as on any exit,
+    but the interpreter's teardown is skipped, as Celery's pool processes skip it.
+
+    The objects frozen before the fork (``_run_celery``) are never collected, so at teardown
+    libtriton's were still alive, and nanobind's leak check printed about 30 lines of "leaked"
+    instances, types and functions into every worker's log at exit. Nothing leaked: the
+    process was ending. Rejected alternative: thawing them at exit (``gc.unfreeze``), which
+    made the teardown collect the whole heap, 2.3 s more per exit on the 2-core machine (and
+    a worker runs niced), only to free memory the exit frees anyway.
+    """
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # closed, or not a file any more
+            stream.flush()
+    os._exit(code)
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="compileq-worker-process")
+    # A bad flag is a configuration error: one line and flags.CONFIG_EXIT, which the
+    # supervisor does not restart (`compileq worker` checks the same flags before it starts
+    # any child; these checks hold for a child started by hand too).
+    from compileq import flags
+
+    parser = flags.OneLineParser(prog="compileq-worker-process", exit_code=flags.CONFIG_EXIT)
     parser.add_argument("--name", required=True)
     parser.add_argument("--targets", required=True, help="comma list, e.g. cuda-90-w32")
-    parser.add_argument("--concurrency", type=int, required=True)
+    parser.add_argument("--concurrency", type=flags.int_in(1, flags.MAX_CONCURRENCY), required=True)
     parser.add_argument("--cpu-only", action="store_true")
     parser.add_argument("--gpu", default=None)
     parser.add_argument("--gpu-name", default="", help="the GPU's model, as nvidia-smi names it")
-    parser.add_argument("--loglevel", default="INFO")
-    parser.add_argument("--metrics-port", type=int, default=None)
+    parser.add_argument("--loglevel", type=flags.log_level, default="INFO")
+    parser.add_argument("--metrics-port", type=flags.port, default=None)
     parser.add_argument("--cpus", default="", help="pin to these CPUs (workers.cpus)")
     return parser.parse_args(argv)
 
@@ -122,10 +159,11 @@ def _prepare_process(args: argparse.Namespace) -> Settings:
 
 
 def _kernel_toolchains(names: str) -> tuple[list[Target], dict[Target, Toolchain]]:
-    """The kernel targets of ``--targets``, and this process's toolchain for each."""
+    """The kernel targets of ``--targets`` (none: a --cpu-only worker without --arch), and
+    this process's toolchain for each."""
     from compileq.fingerprint import Target, local_toolchain
 
-    targets = [Target.parse(t) for t in names.split(",")]
+    targets = [Target.parse(t) for t in names.split(",") if t.strip()]
     return targets, {t: local_toolchain(t) for t in targets}
 
 
@@ -266,12 +304,22 @@ def _worker_info(args: argparse.Namespace, plan: QueuePlan, host: str) -> dict[s
         "queues": plan.queues,
         "toolchains": {str(t): tc.describe() for t, tc in plan.toolchains.items()},
         "fx_toolchains": {t: tc.describe() for t, tc in plan.fx_toolchains.items()},
-        # Until this CPU's vector ISAs are known: what localstack.start_worker waits for.
+        # Until this CPU's vector ISAs are known: what localstack.start_worker waits for, and
+        # the joining sets of the CPU FX queues, for which clients wait (scheduler/fx_join.py).
         "pending": ["cpu fx queues"],
+        "pending_fx": _joining(plan.fx_gpus),
         # What pinning really is: doctor checks each GPU worker sees exactly one device.
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "metrics_port": args.metrics_port,
     }
+
+
+def _joining(gpus: list[Target]) -> list[str]:
+    """The joining sets of the CPU FX queues (``cpu_fx_toolchains``), named without the ISAs."""
+    from compileq.fingerprint import local_fx_toolchain
+    from compileq.scheduler.fx_join import pending_queue
+
+    return [pending_queue(local_fx_toolchain(gpu), gpu) for gpu in [None, *gpus]]
 
 
 def _connect_signals(
@@ -289,7 +337,9 @@ def _connect_signals(
 
     def joined(late: dict[str, FxToolchain], more: list[str], seconds: float) -> None:
         described = {**info["fx_toolchains"], **{t: tc.describe() for t, tc in late.items()}}
-        heartbeat.extend(more, {"fx_toolchains": described, "pending": []})
+        heartbeat.extend(more, {"fx_toolchains": described, "pending": [], "pending_fx": []})
+        if not more:  # the probes failed (late_fx said why): clients wait no longer
+            return
         log.info(
             "compileq worker %s: FX queues %s joined %.1fs after ready (cpu isa probes)",
             args.name,
@@ -303,8 +353,12 @@ def _connect_signals(
     # so clients never route to a worker that is not consuming.
     def ready(sender: Any = None, **_: Any) -> None:
         heartbeat.start()
-        log.info(
-            "compileq worker %s: %s; on CPUs %s", args.name, _ready_line(times), args.cpus or "all"
+        log.info(  # the queues too: Celery's banner, which listed them, is off (_quiet_celery)
+            "compileq worker %s: %s; on CPUs %s; queues %s",
+            args.name,
+            _ready_line(times),
+            args.cpus or "all",
+            ", ".join(info["queues"]),
         )
         late_queues.start(sender)
         # Celery's shutdown handlers are installed by now (its start-up, before the consumer):
@@ -338,13 +392,14 @@ def _run_celery(args: argparse.Namespace, settings: Settings, queues: list[str],
     # processes on 2 cores, 0.6 s frozen (docs/BENCHMARKS.md, worker start). Rejected
     # alternative: gc.disable() in the pool processes, which would also stop collecting
     # what a codegen job leaves behind.
-    gc.freeze()
+    gc.freeze()  # so they are never collected at exit either: see _exit_without_teardown
     # Inherited by the pool Celery forks next, and by every compiler it runs (workers/priority.py).
     priority.lower_process(settings.worker_nice)
     if settings.keep_stack_chunks:  # before the fork: every pool process's codegen keeps them
         stack_chunks.keep()
     app.worker_main(
         [
+            *_quiet_celery(args.loglevel),
             "worker",
             f"--queues={','.join(queues)}",
             f"--concurrency={args.concurrency}",
@@ -359,6 +414,20 @@ def _run_celery(args: argparse.Namespace, settings: Settings, queues: list[str],
             "--without-heartbeat",
         ]
     )
+
+
+def _quiet_celery(loglevel: str) -> list[str]:
+    """Celery's options that keep its start-up banner (app, transport, queues, tasks: 25 lines
+    that compileq's own ready line already covers) and its superuser warning out of the log,
+    unless the log is asked for in detail (``--loglevel debug``). Running as root is common in
+    containers and harmless here: the app accepts JSON only, never pickle, which is what
+    Celery's warning is about (it refuses to start as root with pickle)."""
+    if loglevel.strip().upper() == "DEBUG":
+        return []
+    from celery.exceptions import SecurityWarning
+
+    warnings.filterwarnings("ignore", category=SecurityWarning)
+    return ["--quiet"]
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""``compileq worker``: one worker process per GPU (or one cross-compiling CPU worker).
+"""``compileq worker``: one worker process per GPU (or one CPU worker, cross-compiling with --arch).
 
 Each child gets ``CUDA_VISIBLE_DEVICES`` before it starts, so pinning never depends on code that
 runs after CUDA initialises; the supervisor itself never touches CUDA. A child that dies is
@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from types import FrameType
 
+from compileq import flags
 from compileq._log import log
 from compileq.config import Settings, child_env
 from compileq.errors import WorkerError
@@ -93,8 +94,8 @@ def plan(
     if cpu_only:
         if gpus:
             raise WorkerError("--cpu-only and --gpus exclude each other")
-        if not archs:
-            raise WorkerError("--cpu-only needs --arch (for example --arch sm_90,sm_80)")
+        # Without --arch it serves this machine's CPU (its C++ objects and CPU graphs); each
+        # --arch adds kernels cross-compiled for that GPU.
         targets = tuple(dict.fromkeys(Target.parse(a) for a in archs))
         mine = cpus.choose(cpu_list, leave_cores or 0)
         return [ChildSpec("cpu", targets, concurrency or len(mine), True, None, cpus=_pinned(mine))]
@@ -155,8 +156,10 @@ def run(settings: Settings, specs: list[ChildSpec], loglevel: str = "INFO") -> i
     # A child that dies is restarted after a delay that doubles with each quick death (capped),
     # and never given up on. The rejected alternative, giving up after a few deaths a minute,
     # let a broker that stayed full or unreachable for a minute stop every worker of the
-    # fleet for good; what makes a child fail forever (flags, secret) is checked before here.
+    # fleet for good; what makes a child fail forever (flags, secret) is checked before here,
+    # and a child that finds one anyway exits flags.CONFIG_EXIT: that one is never restarted.
     quick_deaths = {s.name: 0 for s in specs}
+    config_error = False
     restart_at: dict[str, float] = {}
     while not stopping:
         time.sleep(0.5)
@@ -170,6 +173,16 @@ def run(settings: Settings, specs: list[ChildSpec], loglevel: str = "INFO") -> i
             code = children[spec.name].poll()
             if code is None or stopping:
                 continue
+            if code == flags.CONFIG_EXIT:
+                # A flag or setting it can never start with (its one line is above): every
+                # child shares them, so none is restarted and the supervisor exits 2.
+                log.error(
+                    "compileq worker: %s cannot start with this configuration; not restarting",
+                    spec.name,
+                )
+                config_error = True
+                stop(signal.SIGTERM, None)
+                break
             lived = now - started[spec.name]
             quick_deaths[spec.name] = 0 if lived > _STABLE_S else quick_deaths[spec.name] + 1
             delay = restart_delay(quick_deaths[spec.name])
@@ -187,4 +200,4 @@ def run(settings: Settings, specs: list[ChildSpec], loglevel: str = "INFO") -> i
             child.wait(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             child.kill()
-    return 0
+    return flags.USAGE_EXIT if config_error else 0

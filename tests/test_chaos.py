@@ -1,0 +1,50 @@
+"""Two minutes of the chaos soak (tests/chaos.py) in the suite: whatever the driver breaks,
+no job gets a wrong result, fails, or waits past the deadline.
+
+The ten-minute soak and its report are ``make chaos``; this runs the same engine, shorter,
+with another seed, so the suite keeps it working.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.chaos import FAULTS, ROOT, RUNNERS
+
+SECONDS = 120
+SEED = 7
+
+
+def test_two_minutes_of_chaos_give_no_wrong_result_no_failed_job_and_no_overdue_wait(
+    tmp_path: Path,
+) -> None:
+    if shutil.which("redis-server") is None:
+        if os.environ.get("CI"):
+            pytest.fail("redis-server is required in CI (make test installs it)")
+        pytest.skip("redis-server not installed (apt-get install redis-server)")
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "tests.chaos", "--json", "--workdir", str(tmp_path)),
+            *("--seconds", str(SECONDS), "--seed", str(SEED)),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["jobs"] >= RUNNERS, report
+    assert (report["wrong"], report["failed"], report["overdue"]) == (0, 0, 0), report["problems"]
+    faults = report["faults"]
+    assert len(faults) >= 3, report
+    # Every fault drawn was injected for real (a partition without root is skipped, said why).
+    assert not [f for f in faults if f["note"].startswith("not injected")], faults
+    assert {f["name"] for f in faults} <= set(FAULTS) - set(report["skipped"])

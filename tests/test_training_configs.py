@@ -1,0 +1,59 @@
+"""The training configurations of ``python -m bench matrix`` on CPU (issue: every training
+configuration): FSDP2 over gloo with the whole model or each block compiled, dynamic shapes
+(a length that changes, and one marked dynamic from the start), and a compiled optimizer step.
+In each, a second job on fresh local dirs (a new machine) generates nothing: no FX or C++
+codegen, no AOTAutograd trace. Real redis-server, a real --cpu-only worker, real
+torch.compile, the model defined in the script and run as ``__main__``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.conftest import Env, Worker, stats
+from tests.scripts import LLAMA, run_script
+
+#: The smallest model that still has blocks to shard and compile one by one.
+TINY = ("--layers", "2", "--width", "32", "--steps", "3")
+CONFIGS = {
+    "fsdp2 whole model": (2, ("--fsdp",)),
+    "fsdp2 per block": (2, ("--fsdp", "--compile-blocks")),
+    "a length that changes": (0, ("--dynamic",)),
+    "a length marked dynamic": (0, ("--dynamic", "--mark-dynamic")),
+}
+#: Kept out of the CI suite for its time (`pytest -m slow`); on two H100s the matrix runs it
+#: (docs/BENCHMARKS.md).
+SLOW = {"a compiled optimizer step": (0, ("--compile-optimizer",))}
+
+
+@pytest.mark.parametrize(
+    "config", [*CONFIGS, *(pytest.param(c, marks=pytest.mark.slow) for c in SLOW)]
+)
+def test_a_new_machine_generates_nothing_in_the_training_configuration(
+    config: str, env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
+) -> None:
+    nproc, args = {**CONFIGS, **SLOW}[config]
+    first = run_script(env, tmp_path, "cold", LLAMA, *TINY, *args, nproc=nproc)
+    for rank in first.ranks:
+        assert rank["matches_eager"] is True, rank
+    cold = stats(env, tmp_path)
+    # The worker generated the graphs (on a loaded machine some may miss the deadline and be
+    # compiled in process: stored all the same, and tests/test_user_scripts.py holds the
+    # no-fallback line for FSDP2).
+    assert cold["fx_remote_compiles"] >= 1, first.stderr[-3000:]
+
+    second = run_script(env, tmp_path, "new", LLAMA, *TINY, *args, nproc=nproc)
+    new = stats(env, tmp_path)
+    # Losses equal the first job's, step for step: the same code ran.
+    assert [r["losses"] for r in second.ranks] == [r["losses"] for r in first.ranks]
+    # What the second job's processes asked for and did not find, or built themselves. Not the
+    # workers' compile counters: a worker may still finish a cold job whose client stopped
+    # waiting at the deadline (a loaded machine), and count it after the first job ended.
+    asked = ("fx_misses", "aot_misses", "cpp_misses", "kernel_misses", "fallbacks")
+    built = ("fx_local_compiles", "cpp_local_compiles", "kernel_local_compiles")
+    grew = {c: new.get(c, 0) - cold.get(c, 0) for c in (*asked, *built)}
+    assert grew == dict.fromkeys(grew, 0), (grew, second.stderr[-3000:])
+    assert new["fx_hits"] - cold["fx_hits"] >= second.ranks[0]["graphs"]
