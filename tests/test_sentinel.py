@@ -416,17 +416,24 @@ def census(ha: HA, db: redis.Redis) -> int:
     return max((len(liveness.census(db, q, ttl, secret).live) for q in triton), default=0)
 
 
-def test_after_a_failover_mid_warm_the_client_is_back_within_seconds_and_stores_what_it_built(
-    ha: HA, tmp_path: Path, reliability: Recorder
-) -> None:
-    # Issue 34, finding 8: with the default COMPILEQ_RETRY_AFTER_S (15 s) the client kept off
-    # Redis long after the promotion and never stored what it built meanwhile.
+def healed_and_empty(ha: HA) -> redis.Redis:
+    """The set-up healed, its store emptied of entries, leases, jobs and records, and its
+    counters zeroed; a client of its master."""
     ha.cluster.heal()
     db = ha.client()
     for pattern in (keys.ARTIFACT, keys.LOCK, keys.JOB, keys.META):
         for key in db.scan_iter(match=pattern + "*"):
             db.delete(key)
     reset_counters(db)
+    return db
+
+
+def test_after_a_failover_mid_warm_the_client_is_back_within_seconds_and_stores_what_it_built(
+    ha: HA, tmp_path: Path, reliability: Recorder
+) -> None:
+    # Issue 34, finding 8: with the default COMPILEQ_RETRY_AFTER_S (15 s) the client kept off
+    # Redis long after the promotion and never stored what it built meanwhile.
+    db = healed_and_empty(ha)
     manifest = tmp_path / "kernels.jsonl"  # 19 kernels: mid-warm at the kill for seconds
     manifest.write_text(GPT.read_text() + (FIXTURES / "dynamic_mlp.jsonl").read_text())
     n = len(manifest_rows(manifest))
@@ -496,12 +503,7 @@ def test_after_a_failover_mid_warm_the_client_is_back_within_seconds_and_stores_
 def test_the_primary_killed_mid_training_step_fails_over_and_the_process_uses_the_new_master(
     ha: HA, tmp_path: Path, reliability: Recorder
 ) -> None:
-    ha.cluster.heal()
-    db = ha.client()
-    for pattern in (keys.ARTIFACT, keys.LOCK, keys.JOB, keys.META):
-        for key in db.scan_iter(match=pattern + "*"):
-            db.delete(key)
-    reset_counters(db)
+    db = healed_and_empty(ha)
     widths = ("24", "40")  # neither a graph compiled before in this session
     proc = start(ha, tmp_path, "run", "--", sys.executable, str(STEPS), *widths, "--pause")
     assert proc.stdin is not None and proc.stdout is not None
