@@ -124,11 +124,15 @@ class Cluster:
         have started. What their start put there is kept: liveness, and (``keep_start``) the
         verdicts of their CPU's vector-ISA probes (a CPU client would otherwise compile the
         probes again before its first graph, 4.8 s on the 2-core machine, which no started
-        cluster makes it do). Without ``keep_start``, only what a workload stores is measured."""
+        cluster makes it do), and Triton's C modules (``cuda_utils``, launchers: one per Triton
+        version and signature, which any cluster that ran a job holds; without them a new
+        machine of a cell whose cold run never loaded ``cuda_utils`` built it, ~0.6 s on an
+        H100, that no warm cluster makes it build). Without ``keep_start``, only what a
+        workload stores is measured."""
         client = self.client()
         started = (keys.WORKERS, keys.WORKER_INFO, keys.BROKER)
         if keep_start:
-            started += (keys.artifact("isa", ""),)
+            started += (keys.artifact("isa", ""), keys.artifact("triton-so", ""))
         for key in client.scan_iter(count=1000):
             name = key.decode()
             if name.startswith(keys.PREFIX + ":"):
