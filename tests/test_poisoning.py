@@ -237,6 +237,39 @@ def test_a_counter_key_of_the_wrong_type_turns_no_hit_into_a_miss_and_is_repaire
     )
 
 
+def test_record_keys_of_the_wrong_type_are_repaired_and_record_again(
+    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path, reliability: Recorder
+) -> None:
+    # What `explain` and `stats` read besides the counters: the misses list and the slowest
+    # builds' sorted set, each replaced by a string.
+    n = len(manifest_rows(GPT))
+    planted = {keys.MISSES: b"list", keys.slow("triton"): b"zset"}
+    for key in planted:
+        clean_cache.set(key, b"x")
+    cold = warm_json(env, GPT, tmp_path / "cold")  # every kernel misses and is built
+    assert (cold["remote"] + cold["local"], cold["failed"]) == (n, 0)
+    # Dropped by the first write that met them, and recreated by a later one.
+    assert {clean_cache.type(k) for k in planted} <= {*planted.values(), b"none"}
+    for pattern in (keys.ARTIFACT, keys.LOCK, keys.JOB):  # built again; the records stay
+        for key in clean_cache.scan_iter(match=pattern + "*"):
+            clean_cache.delete(key)
+    again = warm_json(env, GPT, tmp_path / "again")
+    assert again["failed"] == 0
+    assert [clean_cache.type(k) for k in planted] == list(planted.values())
+    assert clean_cache.llen(keys.MISSES) >= n and clean_cache.zcard(keys.slow("triton")) >= 1
+    reliability.record(
+        "SET compileq:misses x and SET compileq:slow:triton x: the records explain and stats "
+        "read replaced by strings",
+        "record writes fail apart from the work; each key is dropped and recreated with its "
+        "own type, so explain and stats read new records again",
+        f"{n} kernels built ({cold['remote']} remote, {cold['local']} local, 0 failed); "
+        f"afterwards {clean_cache.llen(keys.MISSES)} misses and "
+        f"{clean_cache.zcard(keys.slow('triton'))} slowest builds recorded again",
+        cold["failed"] + again["failed"],
+        attacker="write access to Redis",
+    )
+
+
 def test_leases_without_an_expiry_are_taken_over_at_once_for_kernels_and_graphs(
     env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path, reliability: Recorder
 ) -> None:

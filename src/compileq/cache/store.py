@@ -82,8 +82,21 @@ for i, key in ipairs(KEYS) do
 end
 return n
 """
-#: The hashes ``count`` writes to.
-_COUNTER_KEYS = (keys.STATS, keys.QUEUE_STATS, keys.FALLBACK_REASONS)
+#: The commands ``count`` queues that a key of another type refuses (WRONGTYPE), and the
+#: type each writes: counters (hashes) and the records of cache/meta.py (sibling sets, the
+#: slowest builds' sorted sets, the misses list). SET and EXPIRE take a key of any type.
+_WRITES = {
+    "HINCRBY": "hash",
+    "SADD": "set",
+    "ZADD": "zset",
+    "ZREMRANGEBYRANK": "zset",
+    "LPUSH": "list",
+    "LTRIM": "list",
+}
+
+
+def _text(value: object) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 @dataclass(frozen=True)
@@ -268,11 +281,23 @@ class RedisStore(Store):
                 incr_queues(pipe, per_queue)
             for record in records:
                 record(pipe)
-            failed = [r for r in pipe.execute(raise_on_error=False) if isinstance(r, Exception)]
+            # What each command wrote (the stack is emptied by execute()).
+            commands = [args for args, _ in pipe.command_stack]
+            results = pipe.execute(raise_on_error=False)
+            failed = [r for r in results if isinstance(r, Exception)]
             if failed:
                 warn_once("telemetry", "compileq: counters not written (%s)", failed[0])
-                if any("WRONGTYPE" in str(e) for e in failed):
-                    self._repair_counters()
+                wrong = {
+                    _text(args[1]): _WRITES[_text(args[0]).upper()]
+                    for args, result in zip(commands, results, strict=False)
+                    if isinstance(result, Exception)
+                    and "WRONGTYPE" in str(result)
+                    and len(args) > 1
+                    and _text(args[0]).upper() in _WRITES
+                    and not _text(args[1]).startswith(keys.ARTIFACT)  # never an entry
+                }
+                if wrong:
+                    self._repair_written(wrong)
         except (redis.ConnectionError, redis.TimeoutError) as e:
             # Redis itself is gone, not just a counter: tell the owner, who stops asking it
             # for a while (the next lookups would each wait out a timeout otherwise).
@@ -281,12 +306,15 @@ class RedisStore(Store):
         except Exception as e:  # telemetry: whatever it is, the work goes on
             warn_once("telemetry", "compileq: counters not written (%s)", e)
 
-    def _repair_counters(self) -> None:
-        """Drop a counter key that holds another type (``SET compileq:stats x``), so the next
-        write recreates it: counters are telemetry, and a lost count beats none for ever."""
-        wrong = self._repair(keys=list(_COUNTER_KEYS), args=["hash"] * len(_COUNTER_KEYS))
-        if wrong:
-            log.warning("compileq: removed %d counter keys of the wrong type", int(wrong))
+    def _repair_written(self, wrong: dict[str, str]) -> None:
+        """Drop each telemetry key a write found holding another type (``SET compileq:stats
+        x``, ``SET compileq:misses x``, a hash where the slowest builds' sorted set goes), if
+        it still does, so the next write recreates it: telemetry, and a lost record beats none
+        for ever. Rejected: repairing only the counter hashes, which left ``explain`` and
+        ``stats`` reading nothing new after one planted key."""
+        dropped = self._repair(keys=list(wrong), args=list(wrong.values()))
+        if dropped:
+            log.warning("compileq: removed %d telemetry keys of the wrong type", int(dropped))
 
     def usage(self) -> tuple[int, int]:
         # Counted by SCAN rather than kept as counters: TTLs and LRU eviction remove entries
