@@ -73,7 +73,8 @@ class Counter(str, enum.Enum):
     REPLACED_ENTRIES = "replaced_entries"
     #: Leases found without an expiry (never set by compileq) and treated as stale.
     STALE_LEASES = "stale_leases"
-    #: Kernels built locally while Redis could not be reached, stored once it answered.
+    #: Kernels, graphs and C++ objects built locally while Redis could not be reached,
+    #: stored once it answered.
     STORED_AFTER_OUTAGE = "stored_after_outage"
 
 

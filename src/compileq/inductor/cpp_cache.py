@@ -33,7 +33,8 @@ from compileq.errors import CompileqError
 from compileq.fingerprint import compiler_identity, cpu_flags
 from compileq.hooks.feature import Context, Feature
 from compileq.inductor import cpp_fanout
-from compileq.scheduler import boundary
+from compileq.scheduler import boundary, outage
+from compileq.scheduler.progress import progress
 
 
 def cpp_key(target: str) -> str:
@@ -83,13 +84,19 @@ def _compile_cpp(original: Callable[[str, Sequence[Any]], None]) -> Callable[...
             return
         plan = _look_up(cpp_builders)
         if plan is _SERVED:
+            progress.cpp("hit")
             return
         if plan is not None and plan[0]:  # a miss: a worker builds it, if one can
             built = cpp_fanout.built_remotely(plan[0], cpp_builders)
             if built is not None:
                 _write_atomically(plan[1], built)
+                progress.cpp("remote")
                 return
-        original(lock_path, cpp_builders)  # Inductor's build, under Inductor's own file lock
+        # Inductor's build, under Inductor's own file lock (which skips an object already there)
+        built_here = not os.path.exists(cpp_builders[-1].get_target_file_path())
+        original(lock_path, cpp_builders)
+        if built_here:
+            progress.cpp("local")
         _share(plan)
 
     return compile_cpp
@@ -118,7 +125,13 @@ def _look_up(cpp_builders: Sequence[Any]) -> tuple[str, str] | None:
         store.count({Counter.CPP_MISSES: 1})
     except redis.RedisError as e:
         warn_once("cpp-cache", "compileq: C++ kernel cache unavailable (%s); building locally", e)
-        return None
+        if not outage.unreachable(e):
+            return None
+        # Redis away: built here (no worker asked: the client stops asking Redis for now),
+        # and kept to be stored once it answers (``_store_built``).
+        store.on_unreachable(e)
+        return key, target
+    outage.store_entries(store)  # Redis answers: store what was built while it did not
     return key, target
 
 
@@ -139,21 +152,46 @@ def _share(plan: tuple[str, str] | None) -> None:
 
 
 def _store_built(store: RedisStore, key: str, path: str) -> None:
-    """Count a build done here and share its object; failing to share only costs others."""
+    """Count a build done here and share its object; failing to share only costs others.
+    With Redis away the object is kept, then stored and counted once it answers
+    (``scheduler/outage.py``)."""
+    counts: dict[Counter, int] = {FEATURE.built: 1}
     try:
-        store.count({FEATURE.built: 1})
-        with open(path, "rb") as f:
-            store.put(key, f.read())
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError:
+            store.count(counts)  # unreadable: the build happened all the same
+            raise
+        _put_or_keep(store, key, data, counts)
     except (OSError, redis.RedisError, CompileqError) as e:
         warn_once("cpp-cache-put", "compileq: C++ object not cached: %s", e)
 
 
+def _put_or_keep(
+    store: RedisStore, key: str, data: bytes, counts: dict[Counter, int] | None = None
+) -> None:
+    """``store.put`` and count ``counts``; with Redis away, both once it answers again."""
+    counts = counts or {}
+    try:
+        store.put(key, data)
+    except redis.RedisError as e:
+        if outage.unreachable(e) and outage.entries.add(key, data, outage.Owed(counts, [], [])):
+            counts = {}  # counted when stored
+        raise
+    finally:
+        store.count(counts)
+    outage.store_entries(store)  # Redis answers: store what was built while it did not
+
+
 def _share_existing(store: RedisStore, path: str) -> None:
     """On a worker, an object its own disk cache already held must still reach the store:
-    the client that asked for this codegen looks it up there, and would build it otherwise."""
+    the client that asked for this codegen looks it up there, and would build it otherwise.
+    Put unless the key holds an entry that verifies: one that merely exists may be planted
+    (empty, foreign, truncated), and ``put`` replaces it."""
     key = cpp_key(path)
     try:
-        if not store.client.exists(key):
+        if not store.holds(key):
             with open(path, "rb") as f:
                 store.put(key, f.read())
     except (OSError, redis.RedisError, CompileqError) as e:
@@ -217,6 +255,7 @@ def _check_build_with(original: Callable[[Any, str], bool], isa: Any, code: str)
     """
     store = FEATURE.store
     target = key = verdict = None
+    away = False  # Redis unreachable: the probe and its verdict are kept to be stored later
     if store is not None:
         try:
             verdict = _isa_verdict_key(isa, code)
@@ -225,28 +264,32 @@ def _check_build_with(original: Callable[[Any, str], bool], isa: Any, code: str)
                 return known.payload() == b"1"
         except Exception as e:  # Redis, or another torch's internals: probe as Inductor does
             warn_once("isa-cache", "compileq: ISA probe not cached: %s", e)
-            verdict = None
+            away = isinstance(e, redis.RedisError) and outage.unreachable(e)
+            verdict = verdict if away else None
     if store is not None:
         try:
             target = _isa_probe_object(isa, code)
             if not os.path.exists(target):
                 key = cpp_key(target)
-                entry = store.get_many([key])[0]
+                entry = None if away else store.get_many([key])[0]
                 if entry is not None:
                     _write_atomically(target, entry.payload())
                     store.count({Counter.CPP_HITS: 1})
+                    progress.cpp("hit")
                     key = None
-                else:
+                elif not away:
                     store.count({Counter.CPP_MISSES: 1})
         except Exception as e:  # another torch's internals, or Redis: Inductor does it alone
             warn_once("isa-cache", "compileq: ISA probe not cached: %s", e)
-            target = key = None
+            if not (isinstance(e, redis.RedisError) and outage.unreachable(e)):
+                target = key = None
     ok = bool(original(isa, code))
     if ok and store is not None and key is not None and target is not None:
+        progress.cpp("local")
         _store_built(store, key, target)
     if store is not None and verdict is not None:
         with contextlib.suppress(Exception):  # sharing the verdict only saves others time
-            store.put(verdict, b"1" if ok else b"0")
+            _put_or_keep(store, verdict, b"1" if ok else b"0")
     return ok
 
 

@@ -5,6 +5,10 @@ compileq sets it on the Redis-flavoured caches, so their entries are signed, com
 namespaced (``compileq:a:<kind>:<sha256>``) and counted like kernels, with no
 ``TORCHINDUCTOR_*`` variable for the user to set. The rejected alternative, stock's
 ``RedisRemoteCacheBackend``, stores unsigned pickles that any Redis writer could replace.
+
+A put that finds Redis away keeps its entry (``scheduler/outage.py``'s ``entries``) and it
+is stored, and counted, after the next call of these caches that Redis answers; else a new
+machine would compile again every graph this one compiled during a failover.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from compileq.cache.store import Entry, RedisStore
 from compileq.errors import CompileqError
 from compileq.fingerprint import host_identity
 from compileq.hooks.feature import Context, Feature
-from compileq.scheduler import boundary, remote_mark
+from compileq.scheduler import boundary, outage, remote_mark
 from compileq.scheduler.leases import Leases
 from compileq.scheduler.progress import progress
 
@@ -79,6 +83,7 @@ class _StoreBackend(RemoteCacheBackend[bytes]):  # type: ignore[misc]
         except redis.RedisError as e:
             warn_once("graph-cache", "compileq: graph cache unavailable (%s); compiling locally", e)
             return None
+        outage.store_entries(store)  # Redis answers: store what was built while it did not
         return None if entry is None else entry.payload()
 
     def _wait_for_other_compile(self, name: str) -> Entry | None:
@@ -112,39 +117,50 @@ class _StoreBackend(RemoteCacheBackend[bytes]):  # type: ignore[misc]
         if store is None:
             return
         name = self._key(key)
+        counter = self._put_counter()
         try:
             # Counted whether or not this put wins the first-writer race: each put follows
             # work done here, and a counter of winners alone would hide duplicate compiles.
-            wrote = False
+            wrote = owed = False
+            counts = {counter: 1} if counter is not None else {}
+            timed = self._build_time(name, key)
             try:
                 wrote = store.put(name, data)
+            except redis.RedisError as e:
+                # Redis away: kept, then stored and counted (all of it) once it answers.
+                late = outage.Owed(counts, timed, self._entry_records(name, key))
+                owed = outage.unreachable(e) and outage.entries.add(name, data, late)
+                raise
             finally:  # also when too large to store: the compile happened all the same
-                counter = self._put_counter()
-                counts = {counter: 1} if counter is not None else {}
-                store.count(counts, None, self._records(name, key, wrote))
-            if self.shows_progress:
-                progress.graph(hit=False)
+                if not owed:
+                    store.count(counts, None, timed + self._entry_records(name, key, wrote))
+            if self.shows_progress:  # no counter: a worker generated it (see _put_counter)
+                progress.graph(hit=False, remote=counter is None)
             if leases is not None:
                 leases.release(name)
+            outage.store_entries(store)  # Redis answers: store what was built while it did not
         except redis.RedisError as e:
             warn_once("graph-cache", "compileq: graph cache unavailable (%s); compiling locally", e)
         except CompileqError as e:  # EntryTooLarge: this graph stays in the local cache only
             warn_once("graph-cache-put", "compileq: graph not cached: %s", e)
 
-    def _records(self, name: str, key: str, wrote: bool) -> list[meta.Record]:
-        """Build time (miss to put) and, for a new entry, what explain can say about a graph."""
-        records = []
+    def _build_time(self, name: str, key: str) -> list[meta.Record]:
+        """The graph's build time (miss to put), if this process timed its miss."""
         missed = _missed_at.pop(name, None)
-        if missed is not None:
-            by = f"{socket.gethostname()}:{os.getpid()}"
-            seconds = time.monotonic() - missed
-            records.append(meta.record_build_time(self.kind, name, key[:64], seconds, by))
-        if wrote:
-            material = {"kind": self.kind, "inductor_key": key}
-            record = meta.entry_record(material, host_identity())
-            store = FEATURE.store
-            records.append(meta.record_entry(name, record, store.ttl_s if store else None))
-        return records
+        if missed is None:
+            return []
+        by = f"{socket.gethostname()}:{os.getpid()}"
+        seconds = time.monotonic() - missed
+        return [meta.record_build_time(self.kind, name, key[:64], seconds, by)]
+
+    def _entry_records(self, name: str, key: str, wrote: bool = True) -> list[meta.Record]:
+        """For a new entry (``wrote``), what explain can say about a graph."""
+        if not wrote:
+            return []
+        material = {"kind": self.kind, "inductor_key": key}
+        record = meta.entry_record(material, host_identity())
+        store = FEATURE.store
+        return [meta.record_entry(name, record, store.ttl_s if store else None)]
 
 
 class FxGraphBackend(_StoreBackend):
@@ -222,6 +238,7 @@ class GraphCache(Feature):
             store.client,
             max_hold_s=deadline_s,
             on_stale=lambda n: store.count({Counter.STALE_LEASES: n}),
+            secret=store.secret,
         )
         self.hook()
         for name, backend in _OVERRIDES.items():

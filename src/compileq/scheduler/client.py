@@ -9,7 +9,9 @@ because of compileq.
 
 Leasing, sending and reading announcements are the round trip every job kind shares
 (``roundtrip.py``); the client's own part is the futures, the listener thread that resolves
-them as kernels come and go, and the local builds.
+them as kernels come and go, and the local builds. While Redis is away, local builds are
+kept (bounded) and stored once it answers; under Sentinel a thread asks for the new master
+at once instead of waiting out ``retry_after_s`` (``outage.py``).
 """
 
 from __future__ import annotations
@@ -37,8 +39,10 @@ from compileq.connect import redis_client
 from compileq.errors import CompileqError, EntryTooLarge
 from compileq.scheduler import boundary, leases, roundtrip
 from compileq.scheduler.local import LocalBuilder
+from compileq.scheduler.outage import Backlog, Reconnector, store_entries
 from compileq.scheduler.progress import progress
 from compileq.scheduler.routing import Router
+from compileq.sentinel_url import is_sentinel
 from compileq.tasks import broker, events
 from compileq.tasks.app import client_app
 from compileq.tasks.jobs import TRITON, TritonJob, key_of
@@ -102,6 +106,8 @@ class KernelClient:
         self._id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._redis = redis_client(settings.redis_url, settings)
         self._store = RedisStore(self._redis, settings)
+        if on_worker is None:  # a worker's codegen shows no progress of its own
+            progress.configure(settings.progress)
         self._router = Router(self._redis, settings, lambda counts: self._store.count(counts))
         # An entry sealed with another secret is replaced by our build only while a live
         # worker proves the cluster shares our secret (see RedisStore.replace_foreign).
@@ -118,6 +124,14 @@ class KernelClient:
         self._ahead: set[str] = set()
         self._down_until = 0.0
         self._closed = threading.Event()
+        #: Kernels built here while Redis could not be reached: stored once it answers.
+        self._backlog: Backlog[tuple[_Flight, float]] = Backlog()
+        #: Under Sentinel a failover is a short outage: ask for the new master at once.
+        self._reconnector = (
+            Reconnector(self._redis, self._redis_back, self._closed)
+            if is_sentinel(settings.redis_url)
+            else None
+        )
         self._subscribed = threading.Event()
         self._listener: threading.Thread | None = None
         self._pid = os.getpid()
@@ -151,7 +165,8 @@ class KernelClient:
         return self._on_worker is not None
 
     def redis_down(self) -> bool:
-        """Whether Redis failed recently: everything compiles locally until ``retry_after_s``."""
+        """Whether Redis failed recently: everything compiles locally until ``retry_after_s``
+        passes or, under Sentinel, until the probe finds the master answering again."""
         return time.monotonic() < self._down_until
 
     def redis_failed(self, error: Exception) -> None:
@@ -368,24 +383,75 @@ class KernelClient:
             return
         payload, seconds = future.result()
         if time.monotonic() < self._down_until:
-            if flight.owner:
-                self.orphan_lease(flight.key)
+            self._defer(flight, payload, seconds)
         else:
             try:
-                wrote = self._store.put(flight.key, payload)
-                self._store.count(
-                    {self._built: 1},
-                    {flight.queue: {self._built: 1}},
-                    self._build_records(flight, seconds, wrote),
-                )
-                self._release(flight, events.Done(flight.key, True))
+                self._store_built(flight, payload, seconds)
             except EntryTooLarge as e:
                 warn_once("too-large", "compileq: %s; kept local only", e)
             except redis.RedisError as e:
-                if flight.owner:
-                    self.orphan_lease(flight.key)
+                self._defer(flight, payload, seconds)
                 self._redis_failed(e)
         self._resolve(flight, Built(flight.key, payload, Outcome.LOCAL))
+
+    def _store_built(
+        self, flight: _Flight, payload: bytes, seconds: float, late: bool = False
+    ) -> None:
+        """Store a local build (signed, first writer wins), count it, hand its lease back and
+        announce it. ``late``: built while Redis was away, counted as stored after the outage."""
+        wrote = self._store.put(flight.key, payload)
+        counts = {self._built: 1}
+        if late and wrote:
+            counts[Counter.STORED_AFTER_OUTAGE] = 1
+        self._store.count(
+            counts, {flight.queue: {self._built: 1}}, self._build_records(flight, seconds, wrote)
+        )
+        self._release(flight, events.Done(flight.key, True))
+
+    def _defer(self, flight: _Flight, payload: bytes, seconds: float) -> None:
+        """Keep a local build for when Redis answers again; its lease is an orphan till then."""
+        if flight.owner:
+            self.orphan_lease(flight.key)
+        self._backlog.add(flight.key, payload, (flight, seconds))
+
+    def store_backlog(self) -> int:
+        """Store what was built here while Redis was away (it answers again); how many were
+        stored. What Redis fails on now stays for the next time it answers."""
+        if time.monotonic() < self._down_until:
+            return 0
+        store_entries(self._store)  # the graph cache's too (logged and counted there)
+        if not len(self._backlog):
+            return 0
+        stored = 0
+        items = self._backlog.take()
+        for n, item in enumerate(items):
+            flight, seconds = item.context
+            try:
+                self._store_built(flight, item.payload, seconds, late=True)
+                stored += 1
+            except EntryTooLarge:
+                continue
+            except redis.RedisError as e:
+                for rest in items[n:]:
+                    self._backlog.add(rest.key, rest.payload, rest.context)
+                self._redis_failed(e)
+                break
+        return stored
+
+    def _redis_back(self, master: str, outage_s: float) -> None:
+        """The Reconnector found the master answering: use Redis again from now on."""
+        self._down_until = 0.0
+        log.warning(
+            "compileq: Redis at %s answers again (master %s, %.1f s after it failed); "
+            "using the cluster again",
+            self._settings.redis_display,
+            master,
+            outage_s,
+        )
+        self.release_orphans()
+        stored = self.store_backlog()
+        if stored:
+            log.warning("compileq: stored %d kernels built here while Redis was away", stored)
 
     def _build_records(self, flight: _Flight, seconds: float, wrote: bool) -> list[meta.Record]:
         records = [meta.record_build_time(TRITON, flight.key, flight.job.name, seconds, self._id)]
@@ -449,6 +515,7 @@ class KernelClient:
                             continue
                         watcher = roundtrip.Watcher(self._store, self._settings.connect_timeout_s)
                         self._subscribed.set()
+                        self.store_backlog()  # Redis answers (again): store what waited
                     done = watcher.announcements(timeout=0.2)
                     waiting = self._waiting()  # after the wait: flights added meanwhile count
                     now = time.monotonic()
@@ -525,6 +592,8 @@ class KernelClient:
 
     def _redis_failed(self, error: Exception) -> None:
         self._down_until = time.monotonic() + self._settings.retry_after_s
+        if self._reconnector is not None and not self._closed.is_set():
+            self._reconnector.start(self._down_until)
         with self._lock:
             # A failover may have lost the messages of the jobs sent ahead, not their
             # leases (replicated): hand those back too once Redis answers, else everyone
