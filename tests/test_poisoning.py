@@ -196,7 +196,10 @@ def test_bad_entries_of_every_kind_are_rebuilt_once_then_hit(
     counters = stats(env, tmp_path)
     # Each built once (by the worker, whose verified build replaces the bad entry), then hit.
     assert (rebuilt["remote"], rebuilt["local"], rebuilt["failed"]) == (n, 0, 0)
-    assert counters["replaced_entries"] == n
+    # The oversized one is over the clients' cap but not the worker's (the default): a worker
+    # that reads it before building finds damage and drops it, and its build is then a plain
+    # write rather than a replacement.
+    assert counters["replaced_entries"] in (n - 1, n)
     assert (after["hits"], after["failed"]) == (n, 0)
     assert all(e is not None for e in ours.get_many([k.decode() for k in victims]))
     reliability.record(
