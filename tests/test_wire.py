@@ -150,7 +150,12 @@ def test_fallbacks_are_counted_under_the_reason_an_operator_acts_on() -> None:
     unserved = SimpleNamespace(
         redis_down=lambda: False,
         release_orphans=lambda: None,
-        router=SimpleNamespace(has_worker=lambda q: False, why_unserved_fx=lambda t, c: "none"),
+        router=SimpleNamespace(
+            has_worker=lambda q, fresh=False: False,
+            live_count=lambda q, listed_in="queues": 0,  # nobody about to join either
+            why_unserved_fx=lambda t, c: "none",
+        ),
+        settings=SimpleNamespace(deadline_s=60.0),
     )
     gm = torch.fx.symbolic_trace(lambda x: x + 1)
     with pytest.raises(Fallback) as caught:
