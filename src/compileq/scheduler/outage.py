@@ -116,8 +116,9 @@ class Backlog(Generic[T]):
         return items
 
     def __len__(self) -> int:
-        with self._lock:
-            return len(self._items)
+        # No lock: every graph-cache hit asks (``store_entries``), and a dict's length is read
+        # atomically; a put racing this read is stored at the next call instead.
+        return len(self._items)
 
 
 @dataclass(frozen=True)
