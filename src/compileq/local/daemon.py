@@ -31,7 +31,7 @@ import redis
 
 from compileq import localstack
 from compileq.config import Settings, load_settings
-from compileq.errors import CompileqError, WorkerError
+from compileq.errors import CompileqError
 from compileq.local import state
 
 log = logging.getLogger("compileq.local")
@@ -62,15 +62,9 @@ def _die_with_parent() -> None:
 def worker_args() -> list[str]:
     """This machine's GPUs if it has any, else its CPU."""
     from compileq.workers.gpus import probe_gpus
-    from compileq.workers.supervisor import plan
 
-    if probe_gpus():
-        return []
-    try:
-        plan(None, True, [], None)
-    except WorkerError:  # a --cpu-only worker that still needs a GPU target to cross-compile
-        return ["--cpu-only", "--arch", "sm_90"]
-    return ["--cpu-only"]
+    # --cpu-only with no --arch serves this machine's CPU kernels and FX codegen.
+    return [] if probe_gpus() else ["--cpu-only"]
 
 
 def settings_for(where: state.Place) -> Settings:
