@@ -212,6 +212,10 @@ def run_job(
         # Triton's C modules (cuda_utils, launchers) served from the store, or built here.
         "triton_module_hits": delta.get("triton_module_hits", 0),
         "triton_module_builds": delta.get("triton_module_builds", 0),
+        "triton_binary_hits": delta.get("triton_binary_hits", 0),
+        "triton_binary_builds": delta.get("triton_binary_builds", 0),
+        "runtime_tune_hits": delta.get("runtime_tune_hits", 0),
+        "runtime_autotunes": delta.get("runtime_autotunes", 0),
         "triton_module_misses": delta.get("triton_module_misses", 0),
         "ddp_subgraph_loads": delta.get("ddp_subgraph_loads", 0),
         "ddp_subgraph_records": delta.get("ddp_subgraph_records", 0),

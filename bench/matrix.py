@@ -12,7 +12,9 @@ and ``timm-vit`` (timm), all at random init, sized to compile in 10-60 s on an H
 Configurations: ``single`` (``cuda:0``), ``cuda1`` (``cuda:1`` with every GPU visible), ``ddp``
 and ``fsdp2`` (whole model compiled) and ``fsdp2-block`` (each block compiled) under torchrun
 on two GPUs, ``reduce-overhead`` (CUDA graphs), ``dynamic`` (a second and third length, so a
-dynamic graph after the static one), ``compiled-opt`` (the optimizer step compiled too).
+dynamic graph after the static one), ``compiled-opt`` (the optimizer step compiled too),
+``max-autotune`` on ``cuda:0``, ``cuda:1`` and under DDP, and ``max-autotune-no-cg`` (its mode
+without CUDA graphs).
 
 Runs of each cell, each a fresh process tree on fresh local cache dirs (every rank its own):
 ``eager``; ``stock_cold`` (stock with its own Redis remote caches on, filling them: the cold
@@ -20,8 +22,8 @@ cost is the same within noise, and a separate filling run would cost a run per c
 ``stock_warm_local`` (on stock_cold's dirs); ``stock_remote_new`` (empty dirs, stock's remote
 caches warm); ``compileq_cold`` (store emptied, workers' local caches wiped);
 ``compileq_new`` (empty dirs, warm cluster). Per run: each rank's time to steady state (the
-first step; the first three for ``dynamic`` and ``reduce-overhead``, whose later steps compile
-or record), all ranks done, losses against eager, graph codegens, kernels fetched one by one,
+first step; the first three for ``dynamic``, ``reduce-overhead`` and ``max-autotune``, whose
+later steps compile or record), all ranks done, losses against eager, graph codegens, kernels fetched one by one,
 fallbacks.
 
 A cell's results are saved as it goes, so a matrix spread over several device calls (each at
@@ -59,13 +61,26 @@ CONFIGS: dict[str, tuple[int, tuple[str, ...]]] = {
     "reduce-overhead": (0, ("--device", "cuda:0", "--mode", "reduce-overhead")),
     "dynamic": (0, ("--device", "cuda:0", "--dynamic")),
     "compiled-opt": (0, ("--device", "cuda:0", "--compile-optimizer")),
+    # mode="max-autotune" (GEMM templates timed, coordinate descent at first launch, CUDA
+    # graphs), on cuda:0, on cuda:1 and per rank under DDP; and without CUDA graphs.
+    "max-autotune": (0, ("--device", "cuda:0", "--mode", "max-autotune")),
+    "max-autotune-cuda1": (0, ("--device", "cuda:1", "--mode", "max-autotune")),
+    "max-autotune-ddp": (2, ("--device", "cuda", "--mode", "max-autotune")),
+    "max-autotune-no-cg": (0, ("--device", "cuda:0", "--mode", "max-autotune-no-cudagraphs")),
     # The CPU's cells (a machine without a GPU: the harness's own test, and the CPU path).
     "cpu": (0, ("--device", "cpu")),
     "cpu-fsdp2-block": (2, ("--device", "cpu", "--fsdp", "--compile-blocks")),
 }
 #: Steps to steady state: the first step, or the first three where later steps compile
 #: (another length) or record (CUDA graphs).
-READY_STEPS = {"dynamic": 3, "reduce-overhead": 3}
+READY_STEPS = {
+    "dynamic": 3,
+    "reduce-overhead": 3,
+    "max-autotune": 3,
+    "max-autotune-cuda1": 3,
+    "max-autotune-ddp": 3,
+    "max-autotune-no-cg": 1,
+}
 #: Each run: its name, bench.ddp's mode, what comes before it, and whose dirs it reuses.
 RUNS = (
     ("eager", "stock", None, None),
@@ -83,7 +98,7 @@ def gpus_needed(config: str) -> int:
     nproc, args = CONFIGS[config]
     if not any(a.startswith("cuda") for a in args):
         return 0
-    return 2 if nproc or config == "cuda1" else 1
+    return 2 if nproc or "cuda:1" in args else 1
 
 
 def ready_s(run: dict[str, Any], config: str) -> float:
@@ -237,13 +252,13 @@ def render(files: list[dict[str, Any]]) -> str:
         cells.update(data["cells"])
     lines = [
         "Time to steady state (s): the slowest rank's first step, the first three for "
-        "`dynamic` and `reduce-overhead`. Ratios in bold miss the goal (cold <= 0.7x stock cold; "
+        "`dynamic`, `reduce-overhead` and `max-autotune`. Ratios in bold miss the goal (cold <= 0.7x stock cold; "
         "new machine <= 0.6x stock warm local and <= 0.5x stock remote).",
         "",
         "| workload / config | eager | stock cold | cq cold | cold ratio | stock warm local "
         "| stock remote new | cq new | new / warm | new / remote | cq new - eager "
-        "| codegens new | kernel fetches new | fallbacks | losses = eager |",
-        "|---|" + "---|" * 14,
+        "| codegens new | kernel fetches new | runtime tunes new | fallbacks | losses = eager |",
+        "|---|" + "---|" * 15,
     ]
     for name, cell in cells.items():
         r = ratios(cell)
@@ -260,6 +275,7 @@ def render(files: list[dict[str, Any]]) -> str:
             f"| {_x(r['new/remote'], GOALS['new/remote'])} "
             f"| {_s(new - eager if new is not None and eager is not None else None)} "
             f"| {new_run.get('codegens', '-')} | {new_run.get('kernel_fetches', '-')} "
+            f"| {new_run.get('runtime_autotunes', '-')} "
             f"| {sum(run.get('fallbacks', 0) for run in runs)} "
             f"| {'yes' if ok else 'NO'}{' (failed: ' + ', '.join(failed) + ')' if failed else ''} |"
         )

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from compileq.cache.counters import Counter, incr, reset_counters
 from compileq.localstack import free_port, start_redis, stop
 from compileq.ops import doctor as doctor_checks
 from tests.conftest import SECRET, Env, RedisServer, Worker, run_cli, start_worker, stop_worker
@@ -142,3 +143,20 @@ def test_doctor_names_the_url_it_used_and_lists_no_gpus_it_does_not_need(
     assert checks["broker redis"]["detail"] == "same URL as the cache (from --redis-url)"
     # No worker serves a GPU target here, so the GPUs of this machine were never listed.
     assert "GPU(s) listed" not in proc.stderr, proc.stderr
+
+
+def test_kernels_benchmarked_at_first_launch_in_a_client_are_a_warning_until_zeroed(
+    redis_server: RedisServer,
+) -> None:
+    """Issue 35: runtime autotuning on a client can never hide again."""
+    client = redis_server.client()
+    reset_counters(client)
+    check = doctor_checks._runtime_tuning_check(client)
+    assert check.status == "ok" and "no kernel benchmarked" in check.detail
+    incr(client, {Counter.RUNTIME_AUTOTUNES: 3, Counter.RUNTIME_TUNE_HITS: 5})
+    check = doctor_checks._runtime_tuning_check(client)
+    assert check.status == "warn"
+    assert "3 kernel tunings benchmarked" in check.detail and "5 found" in check.detail
+    assert "compileq stats --zero" in check.hint
+    reset_counters(client)
+    assert doctor_checks._runtime_tuning_check(client).status == "ok"

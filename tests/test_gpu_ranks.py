@@ -244,3 +244,36 @@ def test_max_autotune_under_torchrun_times_each_candidate_once_for_both_ranks_on
     assert counters["tune_remote"] == len(timed_keys) == len(set(timed_keys)), log[-3000:]
     assert len({gpu for _, gpu in timed}) == 2, timed  # each worker's GPU, by its UUID
     assert counters["tune_local"] == 0 and counters["fallbacks"] == 0, counters
+
+
+def test_max_autotune_on_a_new_machine_benchmarks_no_kernel_on_cuda_0_or_cuda_1(
+    env: Env, node_workers: Worker, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """Issue 35: under ``mode="max-autotune"`` a kernel's first launch times its configs and
+    walks coordinate descent, in the training process. A job on a warm cluster finds those
+    timings in the store (``inductor/runtime_tuning.py``) and the binaries of the configs it
+    picks (``inductor/triton_binaries.py``): nothing benchmarked, nothing compiled, on either
+    GPU index."""
+    wipe_cache(redis_server.client())
+    args = ("--layers", "2", "--width", "256", "--mode", "max-autotune", "--steps", "3")
+    cold = run_script(env, tmp_path, "cold", LLAMA, "--device", "cuda:0", *args)
+    after_cold = stats(env, tmp_path)
+    [first] = cold.ranks
+    assert first["matches_eager"] is True, first
+    assert after_cold["runtime_autotunes"] > 0, (after_cold, cold.stderr[-3000:])
+
+    for device in ("cuda:0", "cuda:1"):
+        before = stats(env, tmp_path)
+        job = run_script(env, tmp_path, f"new-{device[-1]}", LLAMA, "--device", device, *args)
+        after = stats(env, tmp_path)
+        grew = {n: after[n] - before.get(n, 0) for n in after if isinstance(after[n], int)}
+        [rank] = job.ranks
+        assert rank["device"] == device and rank["matches_eager"] is True, rank
+        # Losses within the spread of stock's own runs (bf16 on another GPU index: not bitwise).
+        assert close(rank["losses"], first["losses"], tolerance=2e-2), (rank, first)
+        timings = [ln for ln in (cold.stderr + job.stderr).splitlines() if "runtime tim" in ln]
+        assert grew["runtime_autotunes"] == 0, (device, grew["runtime_tune_hits"], timings[-60:])
+        assert grew["runtime_tune_hits"] > 0, (device, grew)
+        for name in ("fx_remote_compiles", "fx_local_compiles", "triton_binary_builds"):
+            assert grew[name] == 0, (device, name, grew)
+        assert grew["fallbacks"] == 0, grew

@@ -38,6 +38,7 @@ from compileq.inductor import (
     graph_cache,
     index_free,
     profiles,
+    runtime_tuning,
     triton_modules,
 )
 from compileq.scheduler import boundary
@@ -125,6 +126,7 @@ FEATURES: tuple[Feature, ...] = (
     gc_window.FEATURE,  # gc_window; clients: no full collections over a compile
     profiles.FEATURE,  # profiles; clients: the job's profile loaded and saved
     autotune.FEATURE,  # tune_on_workers: autotuning timings shared and taken by GPU workers
+    runtime_tuning.FEATURE,  # graph_cache; clients: kernels' first-launch timings shared
     remote.FEATURE.using(_remote_fx_compile),  # fx; clients: FX codegen on workers
     speculative.FEATURE,  # fx, speculate; clients: backwards sent with their forwards
     deferred.FEATURE,  # fx, defer_forwards; clients: DDP forwards generated side by side

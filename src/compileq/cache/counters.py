@@ -63,6 +63,15 @@ class Counter(str, enum.Enum):
     TRITON_MODULE_HITS = "triton_module_hits"
     TRITON_MODULE_MISSES = "triton_module_misses"
     TRITON_MODULE_BUILDS = "triton_module_builds"
+    #: Triton kernel binaries a client compiled in its own process (inductor/triton_binaries.py:
+    #: configs found at run time): written from the store, missing there, built here.
+    TRITON_BINARY_HITS = "triton_binary_hits"
+    TRITON_BINARY_MISSES = "triton_binary_misses"
+    TRITON_BINARY_BUILDS = "triton_binary_builds"
+    #: Kernels whose first launch on a client found every config timing it needed in the store
+    #: (inductor/runtime_tuning.py), and kernels that benchmarked configs at first launch.
+    RUNTIME_TUNE_HITS = "runtime_tune_hits"
+    RUNTIME_AUTOTUNES = "runtime_autotunes"
     FALLBACKS = "fallbacks"
     INTEGRITY_FAILURES = "integrity_failures"
     FOREIGN_SECRET_ENTRIES = "foreign_secret_entries"

@@ -84,6 +84,15 @@ KINDS = (
         None,
         Counter.TRITON_MODULE_BUILDS,
     ),
+    Kind(
+        "Triton binaries",
+        Counter.TRITON_BINARY_HITS,
+        Counter.TRITON_BINARY_MISSES,
+        None,
+        Counter.TRITON_BINARY_BUILDS,
+    ),
+    # A kernel not found benchmarks its configs at first launch, in the client: a local build.
+    Kind("runtime tuning", Counter.RUNTIME_TUNE_HITS, None, None, Counter.RUNTIME_AUTOTUNES),
 )
 
 #: Queue prefixes and the kind of build a worker on them does.

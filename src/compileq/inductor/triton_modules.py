@@ -34,6 +34,7 @@ from compileq.cache.counters import Counter
 from compileq.cache.store import RedisStore
 from compileq.errors import CompileqError
 from compileq.hooks.feature import Context, Feature
+from compileq.inductor import triton_binaries
 from compileq.scheduler import boundary
 
 KIND = "triton-so"
@@ -113,9 +114,9 @@ def share(cache_key: str, filename: str, data: bytes) -> None:
 
 
 def _manager_class() -> type:
-    """Triton's file cache manager, with C modules served from and shared to the store (a
-    class made at enable(): importing Triton at compileq's import would cost every process
-    that never compiles)."""
+    """Triton's file cache manager, with C modules and the kernel binaries a client compiles
+    itself (``triton_binaries``) served from and shared to the store (a class made at enable():
+    importing Triton at compileq's import would cost every process that never compiles)."""
     from triton.runtime.cache import FileCacheManager
 
     class CompileqCacheManager(FileCacheManager):  # type: ignore[misc]
@@ -136,12 +137,25 @@ def _manager_class() -> type:
                 share(self.key, filename, data)
             return path
 
+        def get_group(self, filename: str) -> dict[str, str] | None:
+            group: dict[str, str] | None = super().get_group(filename)
+            if group is None and self._shared and triton_binaries.is_kernel_group(filename):
+                group = triton_binaries.fetch(self, filename)
+            return group
+
+        def put_group(self, filename: str, group: dict[str, str]) -> Any:
+            path = super().put_group(filename, group)
+            if self._shared and triton_binaries.is_kernel_group(filename):
+                triton_binaries.share(self, filename, group)
+            return path
+
     return CompileqCacheManager
 
 
 class TritonModules(Feature):
-    """Serve Triton's C modules from the store, unless a cache manager is configured already
-    (``TRITON_CACHE_MANAGER`` or ``knobs.cache.manager_class``)."""
+    """Serve Triton's C modules and a client's own kernel binaries from the store, unless a
+    cache manager is configured already (``TRITON_CACHE_MANAGER`` or
+    ``knobs.cache.manager_class``)."""
 
     name = "triton-modules"
 
@@ -176,10 +190,15 @@ class TritonModules(Feature):
         # Put back by deleting it: TRITON_CACHE_MANAGER's default, none.
         self.patches.set(knobs.cache, "manager_class", self.manager)
         self.store = ctx.store
+        triton_binaries.FEATURE.store = ctx.store
+        # A worker's kernels travel whole as pool results: its groups are read, not stored.
+        triton_binaries.FEATURE.share = not ctx.in_worker
 
     def disable(self) -> None:
         super().disable()
         self.store = None
+        triton_binaries.FEATURE.store = None
+        triton_binaries.FEATURE.share = False
 
 
 FEATURE = TritonModules()

@@ -90,7 +90,14 @@ def run(
         secret = None
         checks.append(Check("secret", FAIL, "COMPILEQ_SECRET is not set", str(e)))
     if cache is None:
-        for name in ("workers", "version skew", "gpu pinning", "clock skew", "fallbacks"):
+        for name in (
+            "workers",
+            "version skew",
+            "gpu pinning",
+            "clock skew",
+            "fallbacks",
+            "runtime tuning",
+        ):
             checks.append(Check(name, WARN, "not checked: the cache Redis is out of reach"))
         return checks
     seen = read_workers(cache, secret, settings.heartbeat_ttl_s)
@@ -105,6 +112,7 @@ def run(
     checks.append(_pinning_check(workers))
     checks.append(_clock_check(cache, workers))
     checks.append(_fallback_check(cache))
+    checks.append(_runtime_tuning_check(cache))
     return checks
 
 
@@ -492,6 +500,30 @@ def _fallback_check(client: redis.Redis) -> Check:
     known = {r.value: r for r in Reason}
     hint = _FALLBACK_HINTS.get(known[top], "") if top in known else ""
     return Check("fallbacks", WARN, detail, hint + " (zero the counters: compileq stats --zero)")
+
+
+def _runtime_tuning_check(client: redis.Redis) -> Check:
+    """Kernels that benchmarked their configs at first launch in a training process
+    (``inductor/runtime_tuning.py``): the one compile cost no other counter shows."""
+    counters = read_counters(client)
+    tuned = counters[Counter.RUNTIME_AUTOTUNES.value]
+    found = counters[Counter.RUNTIME_TUNE_HITS.value]
+    if not tuned:
+        return Check(
+            "runtime tuning",
+            OK,
+            f"no kernel benchmarked its configs at first launch in a client ({found} found "
+            "their timings in the store)",
+        )
+    return Check(
+        "runtime tuning",
+        WARN,
+        f"{tuned} kernel tunings benchmarked at first launch in clients, {found} found their "
+        "timings in the store",
+        "expected once per kernel on a cold cluster; if it grows with every job whose graphs "
+        "hit, timings are not reaching the clients (same Redis, GPU model, torch and Triton "
+        "as the first job?) (zero the counters: compileq stats --zero)",
+    )
 
 
 # -- clocks -----------------------------------------------------------------------------------
