@@ -17,7 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
+from compileq import keys
+from compileq.cache.store import RedisStore
+from compileq.config import Settings
 from compileq.inductor import bundled_kernels, runtime_tuning
 from tests.conftest import FIXTURES, manifest_rows
 
@@ -96,3 +100,22 @@ def test_timings_round_trip_as_inductors_tuners_key_them() -> None:
 def test_timings_that_are_not_timings_are_refused(payload: bytes) -> None:
     with pytest.raises((ValueError, TypeError, KeyError)):
         runtime_tuning.decode(payload)
+
+
+def test_a_signed_entry_that_is_not_timings_costs_one_benchmark_and_is_replaced(
+    installed: Any, settings: Settings, clean_cache: redis.Redis
+) -> None:
+    """Read from Redis, untrusted until it decodes: a bad value is never used, and the timings
+    this process then takes replace it (a plain put would leave it, a miss for every process)."""
+    store = RedisStore(clean_cache, settings)
+    key = keys.artifact_of(runtime_tuning.KIND, {"test": "planted"})
+    store.replace(key, b"signed, but not timings")
+    timings = {(("XBLOCK", 64), ("num_warps", 4), ("num_stages", 1)): 0.5}
+    feature = runtime_tuning.FEATURE
+    assert feature.client is not None  # installed in this process
+
+    assert feature.lookup(key) is None
+    feature.save(key, timings, replace=False)
+
+    assert feature.lookup(key) == timings
+    assert key not in feature.bad

@@ -189,6 +189,11 @@ class RuntimeTuning(Feature):
     name = "runtime-tuning"
     without = "kernels time their configs at first launch as stock does"
 
+    def __init__(self) -> None:
+        super().__init__()
+        #: Keys whose signed entry was not timings: the next save here replaces them.
+        self.bad: set[str] = set()
+
     def wanted(self, ctx: Context) -> bool:
         return ctx.settings.graph_cache and not ctx.in_worker
 
@@ -219,7 +224,11 @@ class RuntimeTuning(Feature):
         try:
             return decode(entry.payload())
         except (ValueError, KeyError, TypeError) as e:
+            # Signed with our secret, yet not timings: counted, never used, and replaced by
+            # this process's own timings (a plain put would keep it: the key holds a signed
+            # value), so it costs one benchmark, not one per process.
             log.warning("compileq: runtime tuning entry rejected: %s", e)
+            self.bad.add(key)
             client.store.count({Counter.INTEGRITY_FAILURES: 1})
             return None
 
@@ -230,7 +239,10 @@ class RuntimeTuning(Feature):
         log.debug("compileq: runtime timings %s stored (%d)", key[-12:], len(timings))
         try:
             payload = encode(timings)
-            if replace:  # a walk that went further than the stored one: its times are a superset
+            # A walk that went further than the stored one (its times are a superset), or an
+            # entry that was not timings.
+            if replace or key in self.bad:
+                self.bad.discard(key)
                 client.store.replace(key, payload)
             else:
                 client.store.put(key, payload)
