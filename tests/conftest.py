@@ -165,6 +165,52 @@ def wipe_cache(client: redis.Redis) -> None:
     reset_counters(client)
 
 
+#: Everything wipe_cache drops: the key patterns, then the single keys (counters included).
+_CACHE_PATTERNS = (keys.ARTIFACT, keys.LOCK, keys.JOB, keys.META, keys.SIBLINGS, keys.SLOW)
+_CACHE_KEYS = (keys.MISSES, keys.STATS, keys.QUEUE_STATS, keys.FALLBACK_REASONS)
+
+#: A cache's state as Redis holds it: each key's DUMP and its remaining life (ms, 0 = none).
+CacheSnapshot = dict[bytes, tuple[bytes, int]]
+
+
+def snapshot_cache(client: redis.Redis) -> CacheSnapshot:
+    """The cache's whole state (what wipe_cache drops), for restore_cache: a module's tests
+    that each need the same cold job run it once, then each starts from what it left."""
+    names = [k for p in _CACHE_PATTERNS for k in client.scan_iter(match=p + "*")]
+    names += [k.encode() for k in _CACHE_KEYS]
+    snapshot: CacheSnapshot = {}
+    for name in names:
+        dumped, ttl = client.dump(name), client.pttl(name)
+        if dumped is not None and ttl != -2:
+            snapshot[name] = (dumped, max(ttl, 0))
+    return snapshot
+
+
+def restore_cache(client: redis.Redis, snapshot: CacheSnapshot) -> None:
+    """Exactly the state ``snapshot`` saw: the cache wiped, then its keys (counters included)
+    written back with their remaining lives."""
+    wipe_cache(client)
+    for name, (dumped, ttl) in snapshot.items():
+        client.restore(name, ttl, dumped, replace=True)
+
+
+@pytest.fixture(scope="session")
+def filled_cache(
+    env: Env, worker: Worker, redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> CacheSnapshot:
+    """A cold cluster filled once for the poisoning tests: the GPT head's kernels warmed, then a
+    compiled training step's graphs and C++ objects (tests/test_fx_remote.py's TINY client).
+    Each test that starts from it restores it (restore_cache) instead of filling it again."""
+    from tests.test_fx_remote import TINY, run_client
+
+    client = redis_server.client()
+    wipe_cache(client)
+    tmp = tmp_path_factory.mktemp("filled")
+    warm_json(env, FIXTURES / "gpt_head.jsonl", tmp / "fill")
+    assert run_client(env, tmp, "fill-graphs", TINY).result["matches_eager"] is True
+    return snapshot_cache(client)
+
+
 @pytest.fixture
 def clean_cache(redis_server: RedisServer) -> redis.Redis:
     """An empty cache (artifacts, leases, jobs, counters, records); workers' heartbeats are kept."""

@@ -1,8 +1,11 @@
-"""Two minutes of the chaos soak (tests/chaos.py) in the suite: whatever the driver breaks,
-no job gets a wrong result, fails, or waits past the deadline.
+"""A minute and a quarter of the chaos soak (tests/chaos.py) in the suite: whatever the driver
+breaks, no job gets a wrong result, fails, or waits past the deadline.
 
 The ten-minute soak and its report are ``make chaos``; this runs the same engine, shorter,
-with another seed, so the suite keeps it working.
+with another seed, so the suite keeps it working. Why 75 s: a fault comes about every 15 s
+(docs/RELIABILITY.md: 40 in 600 s), so 75 s draws four or five, over the three asserted
+below; a minute leaves about three, no margin, and two minutes cost the 30-minute suite
+(issue 36) another 45 s.
 """
 
 from __future__ import annotations
@@ -18,11 +21,11 @@ import pytest
 
 from tests.chaos import FAULTS, ROOT, RUNNERS
 
-SECONDS = 120
+SECONDS = 75
 SEED = 7
 
 
-def test_two_minutes_of_chaos_give_no_wrong_result_no_failed_job_and_no_overdue_wait(
+def test_a_minute_and_a_quarter_of_chaos_give_no_wrong_result_no_failed_job_and_no_overdue_wait(
     tmp_path: Path,
 ) -> None:
     if shutil.which("redis-server") is None:

@@ -6,17 +6,28 @@ again. On CPU: real redis-server, a real --cpu-only worker, torchrun with two gl
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+import pytest
 import redis
 
 from compileq import keys
 from compileq.cache.store import RedisStore
 from compileq.codegen import ddp_aot
 from compileq.config import Settings
-from tests.conftest import Env, Worker, stats
-from tests.scripts import LLAMA, run_script
+from tests.conftest import (
+    CacheSnapshot,
+    Env,
+    RedisServer,
+    Worker,
+    restore_cache,
+    snapshot_cache,
+    stats,
+    wipe_cache,
+)
+from tests.scripts import LLAMA, ScriptRun, run_script
 
 #: Three DDP buckets, so DDPOptimizer compiles three subgraphs per rank. Not the width of
 #: test_user_scripts.py's DDP job: the session's worker would hold its kernels already, and
@@ -29,10 +40,30 @@ def records(client: redis.Redis) -> list[bytes]:
     return sorted(client.scan_iter(match=keys.artifact(ddp_aot.KIND, "*")))
 
 
+@dataclass
+class Cold:
+    run: ScriptRun
+    #: The cache (entries, records, counters) as the cold job left it.
+    left: CacheSnapshot
+
+
+@pytest.fixture(scope="module")
+def cold(
+    env: Env, worker: Worker, redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Cold:
+    """The DDP job on a cold cluster, run once for this module's tests (a minute of a 2-core
+    machine); each test starts from the cache it left (restore_cache)."""
+    client = redis_server.client()
+    wipe_cache(client)
+    run = run_script(env, tmp_path_factory.mktemp("ddp-aot"), "cold", LLAMA, *DDP, nproc=2)
+    return Cold(run, snapshot_cache(client))
+
+
 def test_a_ddp_job_on_new_machines_loads_every_subgraph_and_traces_none(
-    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
+    env: Env, cold: Cold, clean_cache: redis.Redis, tmp_path: Path
 ) -> None:
-    first = run_script(env, tmp_path, "cold", LLAMA, *DDP, nproc=2)
+    restore_cache(clean_cache, cold.left)
+    first = cold.run
     subgraphs = first.ranks[0]["graphs"] // 2  # each: a forward and a backward
     assert subgraphs == 3
     before = stats(env, tmp_path)
@@ -73,9 +104,10 @@ def by_bucket(client: redis.Redis, settings: Settings) -> list[bytes]:
 
 
 def test_a_subgraph_whose_record_is_lost_or_forged_compiles_while_the_others_load(
-    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path, settings: Settings
+    env: Env, cold: Cold, clean_cache: redis.Redis, tmp_path: Path, settings: Settings
 ) -> None:
-    first = run_script(env, tmp_path, "cold", LLAMA, *DDP, nproc=2)
+    restore_cache(clean_cache, cold.left)
+    first = cold.run
     # The last bucket loads; its backward runs first, before the two lazy backward compiles,
     # which must each find their own bucket's metadata (ddp_aot: the bucket counter).
     lost, forged, kept = by_bucket(clean_cache, settings)

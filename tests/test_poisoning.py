@@ -26,11 +26,13 @@ from compileq.config import Settings
 from tests.conftest import (
     FIXTURES,
     SECRET,
+    CacheSnapshot,
     Env,
     RedisServer,
     Worker,
     compileq_cmd,
     manifest_rows,
+    restore_cache,
     stats,
     warm_json,
     wipe_cache,
@@ -274,12 +276,14 @@ def test_record_keys_of_the_wrong_type_are_repaired_and_record_again(
 
 
 def test_leases_without_an_expiry_are_taken_over_at_once_for_kernels_and_graphs(
-    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path, reliability: Recorder
+    env: Env,
+    filled_cache: CacheSnapshot,
+    clean_cache: redis.Redis,
+    tmp_path: Path,
+    reliability: Recorder,
 ) -> None:
     n = len(manifest_rows(GPT))
-    warm_json(env, GPT, tmp_path / "fill")
-    first = run_client(env, tmp_path, "first", TINY)
-    assert first.result["matches_eager"] is True
+    restore_cache(clean_cache, filled_cache)  # GPT's kernels warmed, then TINY's graphs
     victims = [k.decode() for k in clean_cache.scan_iter(match=keys.ARTIFACT + "*")]
     graphs = [v for v in victims if v.startswith(keys.artifact("fx", ""))]
     assert len(graphs) >= 2

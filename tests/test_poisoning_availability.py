@@ -27,10 +27,12 @@ from compileq.scheduler.routing import Router
 from tests.conftest import (
     FIXTURES,
     SECRET,
+    CacheSnapshot,
     Env,
     RedisServer,
     Worker,
     manifest_rows,
+    restore_cache,
     stats,
     warm_json,
     wipe_cache,
@@ -65,11 +67,14 @@ def _server_now(client: redis.Redis) -> float:
 
 
 def test_empty_and_truncated_values_under_entries_cost_one_rebuild_each_and_are_replaced(
-    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path, settings: Settings
+    env: Env,
+    filled_cache: CacheSnapshot,
+    clean_cache: redis.Redis,
+    tmp_path: Path,
+    settings: Settings,
 ) -> None:
     n = len(manifest_rows(GPT))
-    warm_json(env, GPT, tmp_path / "fill")
-    assert run_client(env, tmp_path, "fill-graphs", TINY).result["matches_eager"] is True
+    restore_cache(clean_cache, filled_cache)  # GPT's kernels warmed, then TINY's graphs
     kernels = _artifacts(clean_cache, "triton")
     assert len(kernels) == n
     victims = _artifacts(clean_cache)
@@ -104,11 +109,10 @@ def test_empty_and_truncated_values_under_entries_cost_one_rebuild_each_and_are_
 
 
 def test_a_lock_planted_with_an_hours_ttl_is_taken_over_at_once_for_kernels_and_graphs(
-    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
+    env: Env, filled_cache: CacheSnapshot, clean_cache: redis.Redis, tmp_path: Path
 ) -> None:
     n = len(manifest_rows(GPT))
-    warm_json(env, GPT, tmp_path / "fill")
-    assert run_client(env, tmp_path, "first", TINY).result["matches_eager"] is True
+    restore_cache(clean_cache, filled_cache)  # GPT's kernels warmed, then TINY's graphs
     victims = [k.decode() for k in clean_cache.scan_iter(match=keys.ARTIFACT + "*")]
     graphs = [v for v in victims if v.startswith(keys.artifact("fx", ""))]
     assert len(graphs) >= 2
