@@ -7,9 +7,11 @@ Shared by the CPU tests (tests/test_user_scripts.py) and the GPU tests (tests/te
 from __future__ import annotations
 
 import json
+import pickle
 import re
 import subprocess
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -112,3 +114,22 @@ def _free_port() -> int:
     from compileq.localstack import free_port
 
     return free_port()
+
+
+def build_kernel(row: dict[str, str], out: Path) -> Any:
+    """A manifest row's kernel built for real through the cross-compile path (real sm_90 cubins),
+    in a process of its own (the cross-compile switch is process-wide), unpickled here as a
+    client receives it: a ``CachingAutotuner`` whose configs are compiled."""
+    script = textwrap.dedent(
+        f"""
+        import json, pathlib
+        from compileq.build.triton import build_triton_payload
+        from compileq.scheduler.recognise import inductor_extra_config
+        job = json.dumps({{"name": {row["name"]!r}, "source": {row["source"]!r},
+                           "extra_config": inductor_extra_config()}}).encode()
+        payload, _ = build_triton_payload(job, {{}}, cross_compile=True)
+        pathlib.Path({str(out)!r}).write_bytes(payload)
+        """
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=600)
+    return pickle.loads(out.read_bytes())[0]

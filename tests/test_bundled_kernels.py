@@ -6,11 +6,6 @@ inside a real ``CachingAutotuner``), bundled in torch's own ``TritonBundle``, th
 
 from __future__ import annotations
 
-import pickle
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -21,6 +16,7 @@ from torch._inductor.triton_bundler import StaticallyLaunchedAutotuner, TritonBu
 from compileq.inductor import bundled_kernels
 from compileq.tasks import device_index
 from tests.conftest import FIXTURES, manifest_rows
+from tests.scripts import build_kernel
 
 ROW = manifest_rows(FIXTURES / "gpt_head.jsonl")[0]
 
@@ -39,20 +35,7 @@ def output_code(source: str, name: str) -> str:
 def kernel(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A real ``CachingAutotuner`` for the fixture's kernel, built in a process of its own (the
     cross-compile switch is process-wide)."""
-    out = tmp_path_factory.mktemp("built") / "payload.pickle"
-    script = textwrap.dedent(
-        f"""
-        import json, pathlib
-        from compileq.build.triton import build_triton_payload
-        from compileq.scheduler.recognise import inductor_extra_config
-        job = json.dumps({{"name": {ROW["name"]!r}, "source": {ROW["source"]!r},
-                           "extra_config": inductor_extra_config()}}).encode()
-        payload, _ = build_triton_payload(job, {{}}, cross_compile=True)
-        pathlib.Path({str(out)!r}).write_bytes(payload)
-        """
-    )
-    subprocess.run([sys.executable, "-c", script], check=True, timeout=600)
-    return pickle.loads(Path(out).read_bytes())[0]
+    return build_kernel(ROW, tmp_path_factory.mktemp("built") / "payload.pickle")
 
 
 def test_output_code_names_each_kernels_source_exactly() -> None:

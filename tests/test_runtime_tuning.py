@@ -9,11 +9,6 @@ path under max-autotune.
 from __future__ import annotations
 
 import math
-import pickle
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,33 +19,16 @@ from compileq.cache.store import RedisStore
 from compileq.config import Settings
 from compileq.inductor import bundled_kernels, runtime_tuning
 from tests.conftest import FIXTURES, manifest_rows
+from tests.scripts import build_kernel
 
 ROW = next(r for r in manifest_rows(FIXTURES / "gpt_head.jsonl") if "_red_" in r["name"])
-
-
-def build(out: Path) -> Any:
-    """The fixture's reduction kernel built in a process of its own (the cross-compile switch
-    is process-wide), unpickled here as a client receives it."""
-    script = textwrap.dedent(
-        f"""
-        import json, pathlib
-        from compileq.build.triton import build_triton_payload
-        from compileq.scheduler.recognise import inductor_extra_config
-        job = json.dumps({{"name": {ROW["name"]!r}, "source": {ROW["source"]!r},
-                           "extra_config": inductor_extra_config()}}).encode()
-        payload, _ = build_triton_payload(job, {{}}, cross_compile=True)
-        pathlib.Path({str(out)!r}).write_bytes(payload)
-        """
-    )
-    subprocess.run([sys.executable, "-c", script], check=True, timeout=600)
-    return pickle.loads(out.read_bytes())[0]
 
 
 @pytest.fixture(scope="module")
 def kernels(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
     """The kernel built twice, in two processes, as on two machines."""
     tmp = tmp_path_factory.mktemp("built")
-    return build(tmp / "a.pickle"), build(tmp / "b.pickle")
+    return build_kernel(ROW, tmp / "a.pickle"), build_kernel(ROW, tmp / "b.pickle")
 
 
 def key(kernel: Any, phase: str = "pick") -> str | None:

@@ -78,12 +78,12 @@ _VOLATILE = frozenset(
 _MAX_TIMINGS = 4096
 
 
-def hashable(config: Any) -> tuple[tuple[str, Any], ...]:
-    """A Triton config as Inductor's tuners key it (``triton_config_to_hashable``)."""
-    items = sorted(config.kwargs.items())
-    items.append(("num_warps", config.num_warps))
-    items.append(("num_stages", config.num_stages))
-    return tuple(items)
+def hashable(config: Any) -> Any:
+    """A Triton config as Inductor's tuners key it: Inductor's own function, so a seeded
+    coordinate-descent cache is keyed exactly as the tuner looks it up."""
+    from torch._inductor.runtime.runtime_utils import triton_config_to_hashable
+
+    return triton_config_to_hashable(config)
 
 
 def _gpu(tuner: Any) -> str:
