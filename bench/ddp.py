@@ -214,6 +214,12 @@ def run_job(
         "triton_module_builds": delta.get("triton_module_builds", 0),
         "triton_binary_hits": delta.get("triton_binary_hits", 0),
         "triton_binary_builds": delta.get("triton_binary_builds", 0),
+        # max-autotune's GEMM candidates: timings found, timed by GPU workers, timed here; and
+        # whole tables found (inductor/autotune.py).
+        "tune_hits": delta.get("tune_hits", 0),
+        "tune_remote": delta.get("tune_remote", 0),
+        "tune_local": delta.get("tune_local", 0),
+        "tune_table_hits": delta.get("tune_table_hits", 0),
         "runtime_tune_hits": delta.get("runtime_tune_hits", 0),
         "runtime_autotunes": delta.get("runtime_autotunes", 0),
         "triton_module_misses": delta.get("triton_module_misses", 0),

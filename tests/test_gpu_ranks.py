@@ -261,6 +261,10 @@ def test_max_autotune_on_a_new_machine_benchmarks_no_kernel_on_cuda_0_or_cuda_1(
     [first] = cold.ranks
     assert first["matches_eager"] is True, first
     assert after_cold["runtime_autotunes"] > 0, (after_cold, cold.stderr[-3000:])
+    # The mode's config patch did not stop the backward going ahead (torch 2.11's ConfigPatch
+    # refuses a second entry: codegen/speculative.py, _reentrant_config_patches).
+    assert after_cold["fx_sent_ahead"] == 1, (after_cold, cold.stderr[-3000:])
+    assert "not sent ahead" not in cold.stderr, cold.stderr[-3000:]
 
     for device in ("cuda:0", "cuda:1"):
         before = stats(env, tmp_path)

@@ -7,7 +7,9 @@ redis-server, a real --cpu-only worker, real torch.compile.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import pytest
 import redis
 
 from tests.conftest import CLIENTS, Env, Worker, stats
@@ -63,3 +65,92 @@ def test_a_backward_that_differs_from_the_one_sent_ahead_gets_its_own_job_and_is
     # forward, the backward sent ahead, and the backward as it ran: nothing compiled here.
     assert counters["fx_remote_compiles"] == 3
     assert counters["fx_local_compiles"] == 0 and counters["fallbacks"] == 0
+
+
+def test_a_backward_sent_ahead_can_enter_the_mode_patch_its_forward_is_inside() -> None:
+    """``torch.compile(mode="max-autotune")`` decorates Inductor's inner compile with one config
+    patch for the forward and the backward; the backward sent from inside the forward's compile
+    calls it again. torch 2.11 refused that second entry (the H100 matrix's cold runs under a
+    mode lost their speculation); here both see the mode, and the first entry stays whole."""
+    from torch._inductor import config
+
+    from compileq.codegen.speculative import _outside_the_forward_compile
+
+    before = (config.max_autotune, config.coordinate_descent_tuning)
+    seen: list[tuple[str, bool, bool]] = []
+
+    @config.patch({"max_autotune": True, "coordinate_descent_tuning": True})
+    def inner_compile(graph: str) -> None:
+        seen.append((graph, config.max_autotune, config.coordinate_descent_tuning))
+        if graph == "forward":
+            with _outside_the_forward_compile():
+                inner_compile("backward")
+            seen.append(("forward, after", config.max_autotune, config.coordinate_descent_tuning))
+
+    inner_compile("forward")
+    assert seen == [
+        ("forward", True, True),
+        ("backward", True, True),
+        ("forward, after", True, True),
+    ]
+    assert (config.max_autotune, config.coordinate_descent_tuning) == before
+    inner_compile("backward")  # the patch is as good as new for the next compile
+    assert (config.max_autotune, config.coordinate_descent_tuning) == before
+
+
+def test_a_second_entry_into_a_patch_of_torch_2_11s_kind_enters_a_new_patch_of_its_changes() -> (
+    None
+):
+    """torch 2.11's ``config.patch`` keeps the values it replaced in one dict of its closure
+    (``prior``) and refuses to be entered twice; torch 2.13 (this machine's) stacks them. The
+    same call, built in 2.11's shape here, is entered twice as a decorated backward compile
+    inside a forward's."""
+    from contextlib import ContextDecorator
+
+    from torch._inductor import config
+
+    from compileq.codegen.speculative import _outside_the_forward_compile
+
+    def patch_of_2_11(changes: dict[str, Any]) -> ContextDecorator:
+        prior: dict[str, Any] = {}
+
+        class ConfigPatch(ContextDecorator):
+            def __init__(self) -> None:
+                self.changes = changes
+
+            def __enter__(self) -> None:
+                assert not prior, "entered twice"
+                prior.update({key: getattr(config, key) for key in self.changes})
+                for key, value in self.changes.items():
+                    setattr(config, key, value)
+
+            def __exit__(self, *exc: object) -> None:
+                for key, value in prior.items():
+                    setattr(config, key, value)
+                prior.clear()
+
+        return ConfigPatch()
+
+    before = config.max_autotune
+    seen: list[tuple[str, bool]] = []
+
+    mode = patch_of_2_11({"max_autotune": not before})
+
+    @mode
+    def inner_compile(graph: str) -> None:
+        seen.append((graph, config.max_autotune))
+        if graph == "forward":
+            with _outside_the_forward_compile():
+                inner_compile("backward")
+            seen.append(("forward, after", config.max_autotune))
+
+    inner_compile("forward")
+    assert seen == [
+        ("forward", not before),
+        ("backward", not before),
+        ("forward, after", not before),
+    ]
+    assert config.max_autotune == before
+    with mode, pytest.raises(AssertionError, match="entered twice"):  # without compileq's help
+        inner_compile("backward")
+    assert config.max_autotune == before

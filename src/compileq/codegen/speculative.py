@@ -268,7 +268,8 @@ def _outside_the_forward_compile() -> Iterator[None]:
 
     ``TritonBundler`` collects a compile's kernels in class attributes that a nested compile
     would find taken (``begin_compile`` asserts they are free) and then clear; AOTAutograd
-    names the graph being compiled in module globals.
+    names the graph being compiled in module globals; and a mode's config patch is entered
+    already (``_reentrant_config_patches``).
     """
     from torch._functorch._aot_autograd import logging_utils
     from torch._inductor.triton_bundler import TritonBundler
@@ -279,11 +280,60 @@ def _outside_the_forward_compile() -> Iterator[None]:
     for name in names:
         setattr(TritonBundler, name, None)
     try:
-        yield
+        with _reentrant_config_patches():
+            yield
     finally:
         for name, value in bundler.items():
             setattr(TritonBundler, name, value)
         logging_utils.graph_being_compiled, logging_utils.nth_graph = graph
+
+
+@contextmanager
+def _reentrant_config_patches() -> Iterator[None]:
+    """Let the backward's compile enter the config patch its forward's compile is inside.
+
+    ``torch.compile(mode=...)`` (``reduce-overhead``, ``max-autotune``) decorates Inductor's
+    inner compile with one ``config.patch(mode options)`` object, for the forward and the
+    backward alike. torch 2.13 keeps a patch's saved values on a stack, but torch 2.11 keeps
+    them in one dict of the ``patch()`` call's closure and refuses a second entry ("prior
+    should be empty when entering ConfigPatch"): the backward sent ahead from inside the
+    forward's compile failed there, and every such mode lost its speculation (the H100
+    matrix, 2026-11-26). Here a decorated call into a patch that is entered already enters a
+    new patch of the same changes instead. Rejected: compiling the backward outside the mode's
+    patch: its key and code would differ from the lazy backward's, so the job sent ahead
+    would be the wrong one.
+    """
+    import contextlib
+
+    recreate = contextlib.ContextDecorator._recreate_cm
+
+    def _recreate_cm(self: Any) -> Any:
+        again = _second_entry(self)
+        return again if again is not None else recreate(self)
+
+    contextlib.ContextDecorator._recreate_cm = _recreate_cm  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        contextlib.ContextDecorator._recreate_cm = recreate  # type: ignore[method-assign]
+
+
+def _second_entry(patch: Any) -> Any | None:
+    """A new ``config.patch`` of ``patch``'s changes if ``patch`` is torch 2.11's kind and
+    entered already (its closure's ``prior`` holds the values it replaced), else None."""
+    enter = getattr(type(patch), "__enter__", None)
+    code, closure = getattr(enter, "__code__", None), getattr(enter, "__closure__", None)
+    if code is None or not closure:
+        return None
+    cells = dict(zip(code.co_freevars, closure, strict=False))
+    try:
+        prior, config = cells["prior"].cell_contents, cells["config"].cell_contents
+    except (KeyError, ValueError):  # torch 2.13 (a stack per object), or not a ConfigPatch
+        return None
+    changes = getattr(patch, "changes", None)
+    if not (isinstance(prior, dict) and prior and isinstance(changes, dict)):
+        return None
+    return config.patch(dict(changes))
 
 
 def _run_node_then_send(original: Callable[..., Any]) -> Callable[..., Any]:
