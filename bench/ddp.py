@@ -93,6 +93,22 @@ PLAN = (
     ("compileq_new_profile", "compileq-profile", None),
 )
 RUNS = tuple(name for name, _, _ in PLAN)
+#: The stats counters a run records under their own names (run_job): differences over the run.
+SAME_NAME_COUNTERS = (
+    "triton_module_hits",
+    "triton_module_builds",
+    "triton_module_misses",
+    "triton_binary_hits",
+    "triton_binary_builds",
+    "tune_hits",
+    "tune_remote",
+    "tune_local",
+    "tune_table_hits",
+    "runtime_tune_hits",
+    "runtime_autotunes",
+    "ddp_subgraph_loads",
+    "ddp_subgraph_records",
+)
 
 
 @contextlib.contextmanager
@@ -209,22 +225,11 @@ def run_job(
         "profiles_loaded": delta.get("profile_loads", 0),
         # AOTAutograd: lookups that missed, and DDP subgraphs loaded or recorded (ddp_aot).
         "aot_misses": delta.get("aot_misses", 0),
-        # Triton's C modules (cuda_utils, launchers) served from the store, or built here.
-        "triton_module_hits": delta.get("triton_module_hits", 0),
-        "triton_module_builds": delta.get("triton_module_builds", 0),
-        "triton_binary_hits": delta.get("triton_binary_hits", 0),
-        "triton_binary_builds": delta.get("triton_binary_builds", 0),
-        # max-autotune's GEMM candidates: timings found, timed by GPU workers, timed here; and
-        # whole tables found (inductor/autotune.py).
-        "tune_hits": delta.get("tune_hits", 0),
-        "tune_remote": delta.get("tune_remote", 0),
-        "tune_local": delta.get("tune_local", 0),
-        "tune_table_hits": delta.get("tune_table_hits", 0),
-        "runtime_tune_hits": delta.get("runtime_tune_hits", 0),
-        "runtime_autotunes": delta.get("runtime_autotunes", 0),
-        "triton_module_misses": delta.get("triton_module_misses", 0),
-        "ddp_subgraph_loads": delta.get("ddp_subgraph_loads", 0),
-        "ddp_subgraph_records": delta.get("ddp_subgraph_records", 0),
+        # Counters kept under their own names: Triton's C modules (cuda_utils, launchers) and
+        # binaries served from the store or built here; max-autotune's GEMM candidates timed
+        # (found, by GPU workers, here) and whole tables found (inductor/autotune.py); kernels'
+        # first-launch timings found or taken here; DDP subgraphs loaded or recorded.
+        **{name: delta.get(name, 0) for name in SAME_NAME_COUNTERS},
         # Forwards compiled on without waiting for their worker, frames compiled again (deferred).
         "forwards_deferred": delta.get("ddp_forwards_deferred", 0),
         "mispredictions": delta.get("ddp_forward_mispredictions", 0),

@@ -21,7 +21,7 @@ import pytest
 import redis
 
 from compileq import keys, localstack
-from compileq.cache.counters import reset_counters
+from compileq.cache.counters import COUNTER_KEYS, reset_counters
 from compileq.config import Settings
 from compileq.localstack import RedisServer, stop
 
@@ -155,19 +155,20 @@ def worker(env: Env, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worke
     stop_worker(w)
 
 
+#: What wipe_cache drops by prefix (then the misses list, and the counters as `compileq stats
+#: --reset` does); snapshot_cache saves the same.
+_CACHE_PATTERNS = (keys.ARTIFACT, keys.LOCK, keys.JOB, keys.META, keys.SIBLINGS)
+
+
 def wipe_cache(client: redis.Redis) -> None:
     """Drop artifacts, leases, jobs, counters and records; workers' heartbeats are kept."""
-    for pattern in (keys.ARTIFACT, keys.LOCK, keys.JOB, keys.META, keys.SIBLINGS):
+    for pattern in _CACHE_PATTERNS:
         for key in client.scan_iter(match=pattern + "*"):
             client.delete(key)
     client.delete(keys.MISSES)
     # The same reset as `compileq stats --reset`, so a counter added there is wiped here too.
     reset_counters(client)
 
-
-#: Everything wipe_cache drops: the key patterns, then the single keys (counters included).
-_CACHE_PATTERNS = (keys.ARTIFACT, keys.LOCK, keys.JOB, keys.META, keys.SIBLINGS, keys.SLOW)
-_CACHE_KEYS = (keys.MISSES, keys.STATS, keys.QUEUE_STATS, keys.FALLBACK_REASONS)
 
 #: A cache's state as Redis holds it: each key's DUMP and its remaining life (ms, 0 = none).
 CacheSnapshot = dict[bytes, tuple[bytes, int]]
@@ -176,8 +177,8 @@ CacheSnapshot = dict[bytes, tuple[bytes, int]]
 def snapshot_cache(client: redis.Redis) -> CacheSnapshot:
     """The cache's whole state (what wipe_cache drops), for restore_cache: a module's tests
     that each need the same cold job run it once, then each starts from what it left."""
-    names = [k for p in _CACHE_PATTERNS for k in client.scan_iter(match=p + "*")]
-    names += [k.encode() for k in _CACHE_KEYS]
+    names = [k for p in (*_CACHE_PATTERNS, keys.SLOW) for k in client.scan_iter(match=p + "*")]
+    names += [k.encode() for k in (keys.MISSES, *COUNTER_KEYS)]
     snapshot: CacheSnapshot = {}
     for name in names:
         dumped, ttl = client.dump(name), client.pttl(name)

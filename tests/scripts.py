@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import Env, compileq_cmd, stats
+import redis
+
+from tests.conftest import CacheSnapshot, Env, compileq_cmd, snapshot_cache, stats, wipe_cache
 
 LLAMA = Path(__file__).resolve().parents[1] / "examples" / "llama_script.py"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
@@ -86,6 +88,21 @@ def run_script(
     assert len(results) == max(nproc, 1), proc.stdout[-3000:]
     ranks = [json.loads(path.read_text()) for path in results]
     return ScriptRun(sorted(ranks, key=lambda r: int(r["rank"])), proc.stderr)
+
+
+@dataclass
+class ColdJob:
+    run: ScriptRun
+    #: The cache (entries, records, counters) as the job left it, for restore_cache.
+    left: CacheSnapshot
+
+
+def cold_job(env: Env, client: redis.Redis, tmp: Path, *args: Any, **kwargs: Any) -> ColdJob:
+    """``run_script(env, tmp, *args, **kwargs)`` on a cold cluster, and what it left: for a
+    module's tests that each start from the same cold job, run once (a module fixture), each
+    restoring ``left`` instead of running it again."""
+    wipe_cache(client)
+    return ColdJob(run_script(env, tmp, *args, **kwargs), snapshot_cache(client))
 
 
 def output_code(folder: Path) -> list[str]:

@@ -6,7 +6,6 @@ again. On CPU: real redis-server, a real --cpu-only worker, torchrun with two gl
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -17,17 +16,8 @@ from compileq import keys
 from compileq.cache.store import RedisStore
 from compileq.codegen import ddp_aot
 from compileq.config import Settings
-from tests.conftest import (
-    CacheSnapshot,
-    Env,
-    RedisServer,
-    Worker,
-    restore_cache,
-    snapshot_cache,
-    stats,
-    wipe_cache,
-)
-from tests.scripts import LLAMA, ScriptRun, run_script
+from tests.conftest import Env, RedisServer, Worker, restore_cache, stats
+from tests.scripts import LLAMA, ColdJob, cold_job, run_script
 
 #: Three DDP buckets, so DDPOptimizer compiles three subgraphs per rank. Not the width of
 #: test_user_scripts.py's DDP job: the session's worker would hold its kernels already, and
@@ -40,27 +30,18 @@ def records(client: redis.Redis) -> list[bytes]:
     return sorted(client.scan_iter(match=keys.artifact(ddp_aot.KIND, "*")))
 
 
-@dataclass
-class Cold:
-    run: ScriptRun
-    #: The cache (entries, records, counters) as the cold job left it.
-    left: CacheSnapshot
-
-
 @pytest.fixture(scope="module")
 def cold(
     env: Env, worker: Worker, redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
-) -> Cold:
+) -> ColdJob:
     """The DDP job on a cold cluster, run once for this module's tests (a minute of a 2-core
     machine); each test starts from the cache it left (restore_cache)."""
-    client = redis_server.client()
-    wipe_cache(client)
-    run = run_script(env, tmp_path_factory.mktemp("ddp-aot"), "cold", LLAMA, *DDP, nproc=2)
-    return Cold(run, snapshot_cache(client))
+    tmp = tmp_path_factory.mktemp("ddp-aot")
+    return cold_job(env, redis_server.client(), tmp, "cold", LLAMA, *DDP, nproc=2)
 
 
 def test_a_ddp_job_on_new_machines_loads_every_subgraph_and_traces_none(
-    env: Env, cold: Cold, clean_cache: redis.Redis, tmp_path: Path
+    env: Env, cold: ColdJob, clean_cache: redis.Redis, tmp_path: Path
 ) -> None:
     restore_cache(clean_cache, cold.left)
     first = cold.run
@@ -104,7 +85,7 @@ def by_bucket(client: redis.Redis, settings: Settings) -> list[bytes]:
 
 
 def test_a_subgraph_whose_record_is_lost_or_forged_compiles_while_the_others_load(
-    env: Env, cold: Cold, clean_cache: redis.Redis, tmp_path: Path, settings: Settings
+    env: Env, cold: ColdJob, clean_cache: redis.Redis, tmp_path: Path, settings: Settings
 ) -> None:
     restore_cache(clean_cache, cold.left)
     first = cold.run

@@ -5,7 +5,6 @@ a real --cpu-only worker, real torch.compile under ``compileq run``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -13,17 +12,8 @@ import redis
 
 from compileq import keys
 from compileq.inductor.profiles import PROFILE
-from tests.conftest import (
-    CacheSnapshot,
-    Env,
-    RedisServer,
-    Worker,
-    restore_cache,
-    snapshot_cache,
-    stats,
-    wipe_cache,
-)
-from tests.scripts import LLAMA, ScriptRun, run_script
+from tests.conftest import Env, RedisServer, Worker, restore_cache, stats
+from tests.scripts import LLAMA, ColdJob, cold_job, run_script
 
 SMALL = ("--layers", "2")
 #: Profiles are opt-in.
@@ -36,27 +26,18 @@ def profiles(client: redis.Redis) -> list[bytes]:
     return sorted(client.scan_iter(match=keys.artifact(PROFILE, "*")))
 
 
-@dataclass
-class First:
-    run: ScriptRun
-    #: The cache (entries, the profile, counters) as the job's first run left it.
-    left: CacheSnapshot
-
-
 @pytest.fixture(scope="module")
 def first_job(
     env: Env, worker: Worker, redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
-) -> First:
+) -> ColdJob:
     """The job's first run on a cold cluster, once for the tests that start from it; each
     restores the cache it left (restore_cache) instead of running it again."""
-    client = redis_server.client()
-    wipe_cache(client)
-    run = run_script(env, tmp_path_factory.mktemp("profiles"), "first", LLAMA, *SMALL, extra_env=ON)
-    return First(run, snapshot_cache(client))
+    tmp = tmp_path_factory.mktemp("profiles")
+    return cold_job(env, redis_server.client(), tmp, "first", LLAMA, *SMALL, extra_env=ON)
 
 
 def test_a_new_machine_loads_the_jobs_profile_and_finds_its_graphs_locally(
-    env: Env, first_job: First, clean_cache: redis.Redis, tmp_path: Path
+    env: Env, first_job: ColdJob, clean_cache: redis.Redis, tmp_path: Path
 ) -> None:
     restore_cache(clean_cache, first_job.left)
     first = first_job.run
@@ -83,7 +64,7 @@ def test_a_new_machine_loads_the_jobs_profile_and_finds_its_graphs_locally(
 
 
 def test_a_changed_script_does_not_use_the_old_profile(
-    env: Env, first_job: First, clean_cache: redis.Redis, tmp_path: Path
+    env: Env, first_job: ColdJob, clean_cache: redis.Redis, tmp_path: Path
 ) -> None:
     restore_cache(clean_cache, first_job.left)
     edited = tmp_path / "llama_script.py"
@@ -96,7 +77,7 @@ def test_a_changed_script_does_not_use_the_old_profile(
 
 
 def test_a_tampered_truncated_or_oversized_profile_is_ignored_counted_and_the_job_completes(
-    env: Env, first_job: First, clean_cache: redis.Redis, tmp_path: Path
+    env: Env, first_job: ColdJob, clean_cache: redis.Redis, tmp_path: Path
 ) -> None:
     restore_cache(clean_cache, first_job.left)
     [key] = profiles(clean_cache)

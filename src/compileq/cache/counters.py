@@ -181,7 +181,12 @@ def read_counters(client: redis.Redis) -> dict[str, int]:
     return values
 
 
+#: The keys that hold counters (and the prefix of the slowest-builds lists): what
+#: reset_counters drops, and what a snapshot of the cache must hold to restore them.
+COUNTER_KEYS = (keys.STATS, keys.QUEUE_STATS, keys.FALLBACK_REASONS)
+
+
 def reset_counters(client: redis.Redis) -> None:
     """Zero the counters, per-queue counters, fallback reasons and the slowest-builds lists."""
     slow = list(client.scan_iter(match=keys.SLOW + "*", count=1000))
-    client.delete(keys.STATS, keys.QUEUE_STATS, keys.FALLBACK_REASONS, *slow)
+    client.delete(*COUNTER_KEYS, *slow)
