@@ -41,7 +41,7 @@ demo: setup
 # and a broken layer is a reason to stop before 30 minutes of tests.
 test: setup docker
 	$(VENV)/bin/lint-imports --no-logo
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=30
 
 # The fault, bad-input and load tests (the full-size load test included), writing the table
 # of docs/RELIABILITY.md from what they observe. Needs root for `ip netns` (the partition test).
@@ -64,8 +64,8 @@ chaos: setup
 
 lint: setup
 	$(VENV)/bin/lint-imports --no-logo
-	$(VENV)/bin/ruff check src tests bench examples
-	$(VENV)/bin/ruff format --check src tests bench examples
+	$(VENV)/bin/ruff check src tests bench examples docker
+	$(VENV)/bin/ruff format --check src tests bench examples docker
 	$(VENV)/bin/mypy
 
 # Every benchmark scenario, stock and compileq side by side (python -m bench --help).

@@ -8,9 +8,9 @@ from __future__ import annotations
 import socket
 import sys
 
-from compileq.connect import redis_client
-from compileq.config import get_settings
 from compileq.cache.liveness import workers_info
+from compileq.config import get_settings
+from compileq.connect import redis_client
 
 
 def main() -> int:

@@ -265,6 +265,9 @@ def test_max_autotune_on_a_new_machine_benchmarks_no_kernel_on_cuda_0_or_cuda_1(
     # refuses a second entry: codegen/speculative.py, _reentrant_config_patches).
     assert after_cold["fx_sent_ahead"] == 1, (after_cold, cold.stderr[-3000:])
     assert "not sent ahead" not in cold.stderr, cold.stderr[-3000:]
+    # And the lazy backward loaded the one sent ahead: the mode's CUDA graphs name the forward's
+    # device in the backward's key once the forward is captured (speculative._settled).
+    assert after_cold["fx_remote_compiles"] == first["graphs"], after_cold
 
     for device in ("cuda:0", "cuda:1"):
         before = stats(env, tmp_path)

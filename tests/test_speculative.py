@@ -42,6 +42,23 @@ def test_a_graphs_backward_is_generated_on_the_worker_while_its_forward_is(
     assert after["fx_sent_ahead"] == 1 and after["fx_remote_compiles"] == 2
 
 
+def test_under_reduce_overhead_the_backward_sent_ahead_is_the_one_the_lazy_compile_loads(
+    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
+) -> None:
+    # The mode turns CUDA graphs on; the forward's post-compile turns them off again for a CPU
+    # graph (on a GPU it names the forward's device instead), and both values are in the
+    # backward's key. Sent ahead before that post-compile, the backward was keyed for the
+    # values before it: the worker generated it twice (3 codegens for 2 graphs).
+    run = run_script(env, tmp_path, "ro", LLAMA, *SMALL, "--mode", "reduce-overhead")
+    [rank] = run.ranks
+    assert rank["matches_eager"] is True and rank["graphs"] == 2
+    counters = stats(env, tmp_path)
+    assert counters["fx_sent_ahead"] == 1
+    assert counters["fx_remote_compiles"] == 2, counters
+    assert counters["fx_local_compiles"] == 0 and counters["fallbacks"] == 0
+    assert overlapping(fx_builds(env, tmp_path)) == 1
+
+
 def test_without_speculation_the_backward_is_generated_after_the_forward(
     env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
 ) -> None:

@@ -39,6 +39,7 @@ this process, after the forward: the sum of both, not the longer).
 from __future__ import annotations
 
 import copy
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -50,6 +51,7 @@ from compileq._log import log, warn_once
 from compileq.hooks.feature import Context, Feature
 
 _GRAPH_COMPILE = "torch._functorch._aot_autograd.graph_compile"
+_COMPILE_FX = "torch._inductor.compile_fx"
 _DISTRIBUTED = "torch._dynamo.backends.distributed"
 _thread = threading.local()
 
@@ -137,7 +139,13 @@ class Speculative(Feature):
         return ctx.fx and ctx.settings.speculate and not ctx.in_worker
 
     def imports(self) -> dict[str, Callable[[Any], None]]:
-        return {_GRAPH_COMPILE: self._patch}
+        return {_GRAPH_COMPILE: self._patch, _COMPILE_FX: self._patch_inner}
+
+    def _patch_inner(self, module: Any) -> None:
+        if callable(getattr(module, "_compile_fx_inner", None)):
+            self.patches.wrap(module, "_compile_fx_inner", _inner_as_after_the_forward)
+        else:
+            log.info("compileq: this torch's Inductor differs; a mode's backward may be sent twice")
 
     def _patch(self, module: Any) -> None:
         partition = getattr(module, "_aot_stage2a_partition", None)
@@ -334,6 +342,52 @@ def _second_entry(patch: Any) -> Any | None:
     if not (isinstance(prior, dict) and prior and isinstance(changes, dict)):
         return None
     return config.patch(dict(changes))
+
+
+def _inner_as_after_the_forward(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Inductor's inner compile; while speculating, with the boxes the forward's post-compile
+    settles as the lazy backward will find them (``_settled``)."""
+
+    @functools.wraps(original)
+    def compile_inner(gm: Any, example_inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        if speculating():
+            kwargs = _settled(kwargs, gm, example_inputs)
+        return original(gm, example_inputs, *args, **kwargs)
+
+    return compile_inner
+
+
+def _settled(kwargs: dict[str, Any], gm: Any, example_inputs: Any) -> dict[str, Any]:
+    """The backward's compile arguments as they will be once its forward's post-compile ran.
+
+    A mode with CUDA graphs (``reduce-overhead``, ``max-autotune``) hands the forward and the
+    backward two shared boxes: ``cudagraphs``, which the forward's post-compile empties when
+    it will not capture the forward (a graph with no CUDA tensor), and the forward's device
+    index, which it fills when it does. Both are in Inductor's key of the backward, and the
+    backward sent ahead is compiled before that post-compile: with the boxes as they were,
+    the lazy compile keyed another job, and the worker generated the backward twice (the CPU
+    ``reduce-overhead`` run: 3 codegens for 2 graphs). So the speculative compile gets copies
+    holding the values the post-compile will set; the shared boxes are never touched. A
+    forward that a GPU graph's own content keeps from capture (a mutated input, a CPU op)
+    still differs from the prediction, which costs a worker one codegen, as before.
+    Rejected: sending the backward after the forward's post-compile, which waits for the
+    forward's codegen, the very wait speculation removes.
+    """
+    from torch._inductor.cudagraph_utils import BoxedDeviceIndex
+    from torch._inductor.utils import BoxedBool
+
+    from compileq.tasks.device_index import tensor_devices
+
+    cudagraphs = kwargs.get("cudagraphs")
+    if not (kwargs.get("is_backward") and isinstance(cudagraphs, BoxedBool) and cudagraphs):
+        return kwargs
+    cuda = sorted(d.index or 0 for d in tensor_devices(gm, example_inputs) if d.type == "cuda")
+    if not cuda:
+        return {**kwargs, "cudagraphs": BoxedBool(False)}
+    forward = kwargs.get("boxed_forward_device_index")
+    if isinstance(forward, BoxedDeviceIndex) and forward.value is None:
+        return {**kwargs, "boxed_forward_device_index": BoxedDeviceIndex(cuda[0])}
+    return kwargs
 
 
 def _run_node_then_send(original: Callable[..., Any]) -> Callable[..., Any]:
