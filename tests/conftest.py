@@ -160,23 +160,11 @@ def worker(env: Env, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worke
 _CACHE_PATTERNS = (keys.ARTIFACT, keys.LOCK, keys.JOB, keys.META, keys.SIBLINGS)
 
 
-#: What a started cluster always holds, kept by wipe_cache as bench's ``Cluster.flush`` keeps
-#: it: the verdicts of the vector-ISA probes, stored by each worker at its start (and by the
-#: first client on each CPU). Dropped, every cold test's first CPU client compiled the probes
-#: again before its first graph (~5 s of the 2-core machine each, 70 times a suite), which no
-#: cold cluster makes a user do. tests/test_poisoning_availability.py forges them, and
-#: tests/test_cpp_fanout.py counts the probes a client compiles, against what it finds.
-_STARTED = (keys.artifact("isa", ""),)
-
-
-def wipe_cache(client: redis.Redis, keep_started: bool = True) -> None:
-    """Drop artifacts, leases, jobs, counters and records; workers' heartbeats, and what
-    their start stored (``_STARTED``) unless ``keep_started`` is false, are kept."""
-    kept = _STARTED if keep_started else ()
+def wipe_cache(client: redis.Redis) -> None:
+    """Drop artifacts, leases, jobs, counters and records; workers' heartbeats are kept."""
     for pattern in _CACHE_PATTERNS:
         for key in client.scan_iter(match=pattern + "*"):
-            if not key.decode().startswith(kept):
-                client.delete(key)
+            client.delete(key)
     client.delete(keys.MISSES)
     # The same reset as `compileq stats --reset`, so a counter added there is wiped here too.
     reset_counters(client)

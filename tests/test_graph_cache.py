@@ -11,7 +11,7 @@ import redis
 
 import compileq
 from compileq.config import Settings
-from tests.conftest import Env, Worker, compileq_cmd, stats, wipe_cache
+from tests.conftest import Env, Worker, compileq_cmd, stats
 
 SCRIPT = Path(__file__).parent / "clients" / "train_cpu.py"
 
@@ -35,10 +35,7 @@ def test_a_new_machine_gets_fx_graphs_and_cpp_kernels_from_redis(
     env: Env, clean_cache: redis.Redis, tmp_path: Path
 ) -> None:
     # --no-fx: this is about the caches behind an in-process compile, whether or not a worker
-    # for FX codegen happens to be alive (test_fx_remote covers the codegen on a worker). A
-    # store without even the vector-ISA verdicts a started cluster holds: the first client
-    # probes, the second finds its verdicts.
-    wipe_cache(clean_cache, keep_started=False)
+    # for FX codegen happens to be alive (test_fx_remote covers the codegen on a worker).
     first = run_training(env, tmp_path, "first", "--no-fx")
     assert first == {**first, "matches_eager": True, "compileq": True}
     cold = stats(env, tmp_path)
