@@ -98,11 +98,15 @@ def test_a_subgraph_whose_record_is_lost_or_forged_compiles_while_the_others_loa
     clean_cache.set(forged, b'[{"shape": [1], "stride": [1], "dtype": "float32"}]')
     before = stats(env, tmp_path)
 
-    # Two subgraphs compile again (both ranks), one loads; the buckets that compiled their
-    # backwards lazily did so with their own metadata: the losses say so.
+    # Two subgraphs compile again, one loads; the buckets that compiled their backwards lazily
+    # did so with their own metadata: the losses say so.
     second = run_script(env, tmp_path, "mixed", LLAMA, *DDP, nproc=2)
     after = stats(env, tmp_path)
-    assert after["ddp_subgraph_loads"] - before["ddp_subgraph_loads"] == 2  # kept: both ranks
+    # The kept one loads on both ranks. The rank first at a lost or forged subgraph compiles
+    # and records it; the other, if it gets there after that record, loads it (seen once on
+    # the 2-core machine: 3 loads): each is recorded once either way.
+    loads = after["ddp_subgraph_loads"] - before["ddp_subgraph_loads"]
+    assert 2 <= loads <= 4, loads
     assert after["ddp_subgraph_records"] - before["ddp_subgraph_records"] == 2
     assert after["integrity_failures"] > before["integrity_failures"]
     assert after["fallbacks"] == 0
