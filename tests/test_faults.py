@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import redis
@@ -49,10 +50,17 @@ def build_processes(supervisor: int) -> list[int]:
     return [p for main in children.get(supervisor, []) for p in children.get(main, [])]
 
 
-def wait_for(predicate: object, timeout: float, what: str) -> None:
+def wait_for(
+    predicate: object, timeout: float, what: str, detail: Callable[[], object] | None = None
+) -> None:
+    """Poll ``predicate`` until true; on timeout the failure names ``what``, and shows
+    ``detail()`` (a log's tail) where given."""
     deadline = time.monotonic() + timeout
     while not predicate():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        assert time.monotonic() < deadline, (
+            f"timed out waiting for {what}",
+            detail() if detail else None,
+        )
         time.sleep(0.02)
 
 

@@ -181,8 +181,8 @@ def read_counters(client: redis.Redis) -> dict[str, int]:
     return values
 
 
-#: The keys that hold counters (and the prefix of the slowest-builds lists): what
-#: reset_counters drops, and what a snapshot of the cache must hold to restore them.
+#: The keys that hold counters: what reset_counters drops (with the slowest-builds lists,
+#: found by their prefix), and what a snapshot of the cache must hold to restore them.
 COUNTER_KEYS = (keys.STATS, keys.QUEUE_STATS, keys.FALLBACK_REASONS)
 
 

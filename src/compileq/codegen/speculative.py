@@ -376,17 +376,21 @@ def _settled(kwargs: dict[str, Any], gm: Any, example_inputs: Any) -> dict[str, 
     from torch._inductor.cudagraph_utils import BoxedDeviceIndex
     from torch._inductor.utils import BoxedBool
 
-    from compileq.tasks.device_index import tensor_devices
+    from compileq.codegen import remote
+    from compileq.scheduler.fallback import Fallback
 
     cudagraphs = kwargs.get("cudagraphs")
     if not (kwargs.get("is_backward") and isinstance(cudagraphs, BoxedBool) and cudagraphs):
         return kwargs
-    cuda = sorted(d.index or 0 for d in tensor_devices(gm, example_inputs) if d.type == "cuda")
-    if not cuda:
+    try:  # the devices as routing reads them (an index-less "cuda" is the current device)
+        gpu, _, index = remote.graph_devices(gm, example_inputs)
+    except Fallback:  # several GPUs: no prediction (a wrong one costs one codegen)
+        return kwargs
+    if gpu is None:
         return {**kwargs, "cudagraphs": BoxedBool(False)}
     forward = kwargs.get("boxed_forward_device_index")
-    if isinstance(forward, BoxedDeviceIndex) and forward.value is None:
-        return {**kwargs, "boxed_forward_device_index": BoxedDeviceIndex(cuda[0])}
+    if index is not None and isinstance(forward, BoxedDeviceIndex) and forward.value is None:
+        return {**kwargs, "boxed_forward_device_index": BoxedDeviceIndex(index)}
     return kwargs
 
 
