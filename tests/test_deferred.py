@@ -1,7 +1,7 @@
 """A DDP subgraph's forward compile goes on while its worker generates it
 (codegen/deferred.py). On CPU: real redis-server, a real --cpu-only worker, torchrun with two
 gloo ranks, real torch.compile (the job that defers and checks every forward is in
-test_user_scripts.py; here, what happens when a check fails, and the checks themselves).
+tests/test_user_scripts.py; here, what happens when a check fails, and the checks themselves).
 """
 
 from __future__ import annotations
@@ -28,33 +28,35 @@ def test_a_forward_that_fails_its_check_makes_the_frame_compile_again_as_stock_a
     reference = run_script(env, tmp_path, "stock", LLAMA, *DDP, nproc=2, compileq=False)
     subgraphs = sum(rank["graphs"] // 2 for rank in reference.ranks)  # a forward, a backward each
     assert subgraphs == 2 * 2, reference.ranks
-    for fault, said in (
-        ("strides", "other output strides than the traced ones"),
-        ("fetch", "could not be loaded (RuntimeError: the worker's output is lost)"),
+    # Both faults in one job, a rank each: rank 0's forward comes back with other strides,
+    # rank 1's output is lost. A cold cluster: every forward is generated, so deferred.
+    wipe_cache(clean_cache)
+    before = stats(env, tmp_path)
+    run = run_script(
+        env,
+        tmp_path,
+        "faults",
+        CLIENTS / "ddp_mispredicted.py",
+        *DDP,
+        nproc=2,
+        extra_env={"COMPILEQ_TEST_FAULT": "strides,fetch"},
+    )
+    after = stats(env, tmp_path)
+    grew = {k: after[k] - before.get(k, 0) for k in after if isinstance(after[k], int)}
+    # Each rank's first deferred forward failed its check: the rank compiled the frame again,
+    # waiting for each forward as stock does, and deferred nothing after.
+    assert grew["ddp_forward_mispredictions"] == 2, grew
+    assert grew["ddp_forwards_deferred"] <= subgraphs, grew
+    assert grew["fx_local_compiles"] == 0 and grew["fallbacks"] == 0, grew
+    assert run.stderr.count("compiling this frame again") == 2, run.stderr[-3000:]
+    for said in (
+        "other output strides than the traced ones",
+        "could not be loaded (RuntimeError: the worker's output is lost)",
     ):
-        wipe_cache(clean_cache)  # a cold cluster: every forward is generated, so deferred
-        before = stats(env, tmp_path)
-        run = run_script(
-            env,
-            tmp_path,
-            fault,
-            CLIENTS / "ddp_mispredicted.py",
-            *DDP,
-            nproc=2,
-            extra_env={"COMPILEQ_TEST_FAULT": fault},
-        )
-        after = stats(env, tmp_path)
-        grew = {k: after[k] - before.get(k, 0) for k in after if isinstance(after[k], int)}
-        # Each rank's first deferred forward failed its check: the rank compiled the frame
-        # again, waiting for each forward as stock does, and deferred nothing after.
-        assert grew["ddp_forward_mispredictions"] == 2, (fault, grew)
-        assert grew["ddp_forwards_deferred"] <= subgraphs, (fault, grew)
-        assert grew["fx_local_compiles"] == 0 and grew["fallbacks"] == 0, (fault, grew)
-        assert run.stderr.count("compiling this frame again") == 2, run.stderr[-3000:]
-        assert said in run.stderr, run.stderr[-3000:]
-        for rank, stock in zip(run.ranks, reference.ranks, strict=True):
-            assert rank["matches_eager"] is True, rank
-            assert rank["losses"] == stock["losses"], fault
+        assert said in run.stderr, (said, run.stderr[-3000:])
+    for rank, stock in zip(run.ranks, reference.ranks, strict=True):
+        assert rank["matches_eager"] is True, rank
+        assert rank["losses"] == stock["losses"], rank
 
 
 def test_a_forward_whose_saved_activations_come_back_padded_keeps_its_frame_and_trains_right(

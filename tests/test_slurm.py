@@ -4,8 +4,9 @@ Slurm, and deploy/slurm/'s scripts submitted with sbatch as docs/DEPLOY.md says.
 
 A standing pool (workers-cpu.sbatch) builds; a 2-node training job (torchrun over gloo with a c10d
 rendezvous, the model defined in the script) fills the cache; the same job on two other nodes,
-whose local Inductor caches are empty, is served from it. Skipped only where Docker cannot run,
-and failing there in CI, like tests/test_stack.py.
+whose local Inductor caches are empty, is served from it. Marked slow: `make test-all` runs it
+(skipped only where Docker cannot run, and failing there under CI=true, like
+tests/test_stack.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,14 @@ from typing import Any
 import pytest
 
 from tests.docker_engine import STACK, build_images, json_line, require_docker
+
+# One xdist worker runs every Docker test: they share the images built once per session, and
+# two compose stacks or Slurm clusters at once would only fight for the 2 cores.
+pytestmark = pytest.mark.xdist_group("docker")
+#: The walkthrough on its six containers: three minutes of a 2-core machine, so `make test-all`
+#: runs it, not CI (`make test`). CI keeps the compose stack's containers (tests/test_stack.py),
+#: and the last test here, which holds DEPLOY.md to these commands.
+walkthrough = pytest.mark.slow
 
 ROOT = Path(__file__).parents[1]
 CLUSTER = ROOT / "docker" / "slurm" / "compose.yml"
@@ -236,6 +245,7 @@ def _show(cluster: Cluster, job: Job) -> str:
     return f"job {job.id} (exit {job.returncode}):\n{cluster.output(job.id)[-3000:]}"
 
 
+@walkthrough
 def test_the_standing_pool_runs_one_worker_on_the_node_slurm_gave_it(
     observed: Observed,
 ) -> None:
@@ -245,6 +255,7 @@ def test_the_standing_pool_runs_one_worker_on_the_node_slurm_gave_it(
     assert observed.sacct[observed.pool][:2] == ("compileq-workers-cpu", "c1")
 
 
+@walkthrough
 def test_a_two_node_training_job_over_gloo_completes_and_its_builds_run_on_the_pool(
     cluster: Cluster, observed: Observed
 ) -> None:
@@ -258,6 +269,7 @@ def test_a_two_node_training_job_over_gloo_completes_and_its_builds_run_on_the_p
     assert delta["fx_remote_compiles"] > 0 and delta["cpp_remote_compiles"] > 0, delta
 
 
+@walkthrough
 def test_the_same_job_on_two_other_nodes_is_served_from_the_cache_with_no_compile(
     cluster: Cluster, observed: Observed
 ) -> None:
@@ -276,6 +288,7 @@ def test_the_same_job_on_two_other_nodes_is_served_from_the_cache_with_no_compil
     assert set(nothing.values()) == {0}, delta
 
 
+@walkthrough
 def test_sacct_records_both_jobs_completed_and_the_pool_cancelled(observed: Observed) -> None:
     states = {job: (name, state) for job, (name, _, state, _) in observed.sacct.items()}
     assert states == {
@@ -285,6 +298,7 @@ def test_sacct_records_both_jobs_completed_and_the_pool_cancelled(observed: Obse
     }
 
 
+@walkthrough
 def test_scancel_stops_the_pools_worker_gracefully_within_killwait(
     cluster: Cluster, observed: Observed
 ) -> None:

@@ -18,6 +18,10 @@ import pytest
 
 from tests.docker_engine import STACK, build_images, json_line, require_docker
 
+# One xdist worker runs every Docker test: they share the images built once per session, and
+# two compose stacks or Slurm clusters at once would only fight for the 2 cores.
+pytestmark = pytest.mark.xdist_group("docker")
+
 ROOT = Path(__file__).parents[1]
 
 Compose = Callable[..., subprocess.CompletedProcess[str]]

@@ -1,6 +1,6 @@
 """``examples/llama_script.py`` (imported, so the worker cannot import its classes), with every
 rank's first deferred DDP forward (compileq.codegen.deferred) made to fail its check, as
-``COMPILEQ_TEST_FAULT`` says:
+``COMPILEQ_TEST_FAULT`` says (a comma-separated list: rank r takes the r-th fault):
 
 - ``strides``: it came back with other output strides than the traced ones, as Inductor may
   choose for a saved activation;
@@ -22,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 
 import llama_script
 
-FAULT = os.environ.get("COMPILEQ_TEST_FAULT", "strides")
+_FAULTS = os.environ.get("COMPILEQ_TEST_FAULT", "strides").split(",")
+FAULT = _FAULTS[int(os.environ.get("RANK", "0")) % len(_FAULTS)]
 _verified, _resolve = deferred.Forward.verified, deferred.Forward.resolve
 _hit: list[Any] = []
 
