@@ -40,19 +40,21 @@ demo: setup
 # The architecture contract first (pyproject's [tool.importlinter], docs/DESIGN.md): seconds,
 # and a broken layer is a reason to stop before the tests.
 # Two pytest processes (pytest-xdist): alone, a test keeps 1.1 of 2 cores busy (it waits on its
-# worker and its client in turn); two at once keep both busy, and the suite took 47 min
-# instead of 66 on the 2-core CI machine. --dist loadgroup keeps the Docker tests on one
-# (xdist_group "docker"). TEST_PROCESSES=0 runs the suite in one process.
+# worker and its client in turn); two at once keep both busy. On the 2-core CI machine the suite
+# took 47 min instead of 66, and about 43 once the Slurm walkthrough moved to test-all. --dist
+# loadgroup keeps the Docker tests on one process (tests/docker_engine.ONE_PROCESS).
+# TEST_PROCESSES=0 runs the suite in one process.
 TEST_PROCESSES ?= 2
+PYTEST := $(PY) -m pytest -q --durations=30 -n $(TEST_PROCESSES) --dist loadgroup
 test: setup docker
 	$(VENV)/bin/lint-imports --no-logo
-	$(PY) -m pytest -q --durations=30 -n $(TEST_PROCESSES) --dist loadgroup
+	$(PYTEST)
 
 # Everything `make test` runs, and the tests marked slow (pyproject's markers): the full-size
 # load test, the compiled-optimizer cell, the Slurm walkthrough.
 test-all: setup docker
 	$(VENV)/bin/lint-imports --no-logo
-	$(PY) -m pytest -q --durations=30 -n $(TEST_PROCESSES) --dist loadgroup -m 'slow or not slow'
+	$(PYTEST) -m 'slow or not slow'
 
 # The fault, bad-input and load tests (the full-size load test included), writing the table
 # of docs/RELIABILITY.md from what they observe. Needs root for `ip netns` (the partition test).

@@ -23,11 +23,9 @@ from typing import Any
 
 import pytest
 
-from tests.docker_engine import STACK, build_images, json_line, require_docker
+from tests.docker_engine import ONE_PROCESS, STACK, build_images, json_line, require_docker
 
-# One xdist worker runs every Docker test: they share the images built once per session, and
-# two compose stacks or Slurm clusters at once would only fight for the 2 cores.
-pytestmark = pytest.mark.xdist_group("docker")
+pytestmark = ONE_PROCESS
 #: The walkthrough on its six containers: three minutes of a 2-core machine, so `make test-all`
 #: runs it, not CI (`make test`). CI keeps the compose stack's containers (tests/test_stack.py),
 #: and the last test here, which holds DEPLOY.md to these commands.

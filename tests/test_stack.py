@@ -16,11 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.docker_engine import STACK, build_images, json_line, require_docker
+from tests.docker_engine import ONE_PROCESS, STACK, build_images, json_line, require_docker
 
-# One xdist worker runs every Docker test: they share the images built once per session, and
-# two compose stacks or Slurm clusters at once would only fight for the 2 cores.
-pytestmark = pytest.mark.xdist_group("docker")
+pytestmark = ONE_PROCESS
 
 ROOT = Path(__file__).parents[1]
 

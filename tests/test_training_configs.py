@@ -28,8 +28,6 @@ CONFIGS = {
     # kernel timing its configs at first launch (issue 35's CPU line).
     "max-autotune": (0, ("--mode", "max-autotune")),
 }
-#: The cell held to one codegen per graph on the worker and no fallback, cold.
-EXACT = {"fsdp2 whole model"}
 #: Kept out of the CI suite for its time (`pytest -m slow`); on two H100s the matrix runs it
 #: (docs/BENCHMARKS.md).
 SLOW = {"a compiled optimizer step": (0, ("--compile-optimizer",))}
@@ -46,19 +44,10 @@ def test_a_new_machine_generates_nothing_in_the_training_configuration(
     for rank in first.ranks:
         assert rank["matches_eager"] is True, rank
     cold = stats(env, tmp_path)
-    graphs = first.ranks[0]["graphs"]
-    if config in EXACT:
-        # One codegen per graph for both ranks, all on the worker, none in process, and no
-        # fallback: FSDP2's hooks break the model into several graphs per rank, each with
-        # DTensor-backed parameters and FSDP's own classes nearby.
-        assert graphs >= 2 and all(r["graphs"] == graphs for r in first.ranks), first.ranks
-        assert cold["fx_remote_compiles"] == graphs, (cold, first.stderr[-3000:])
-        assert cold["fx_local_compiles"] == 0 and cold["fallbacks"] == 0, cold
-    else:
-        # The worker generated the graphs (on a loaded machine some may miss the deadline
-        # and be compiled in process: stored all the same, and EXACT's cell holds the
-        # no-fallback line).
-        assert cold["fx_remote_compiles"] >= 1, first.stderr[-3000:]
+    # The worker generated the graphs (on a loaded machine some may miss the deadline and be
+    # compiled in process: stored all the same, and tests/test_user_scripts.py holds the
+    # no-fallback line for FSDP2).
+    assert cold["fx_remote_compiles"] >= 1, first.stderr[-3000:]
 
     second = run_script(env, tmp_path, "new", LLAMA, *TINY, *args, nproc=nproc)
     new = stats(env, tmp_path)
@@ -76,4 +65,4 @@ def test_a_new_machine_generates_nothing_in_the_training_configuration(
     )
     grew = {c: new.get(c, 0) - cold.get(c, 0) for c in (*asked, *built)}
     assert grew == dict.fromkeys(grew, 0), (grew, second.stderr[-3000:])
-    assert new["fx_hits"] - cold["fx_hits"] >= graphs
+    assert new["fx_hits"] - cold["fx_hits"] >= second.ranks[0]["graphs"]

@@ -1,7 +1,6 @@
 """Training scripts as users write them, on CPU: the model's classes in the script run as
 ``__main__`` or in a module the worker cannot import, and DDP under torchrun with each rank on
-its own cache dirs. Real redis-server, a real --cpu-only worker, real torch.compile. FSDP2 is
-tests/test_training_configs.py's.
+its own cache dirs. Real redis-server, a real --cpu-only worker, real torch.compile.
 """
 
 from __future__ import annotations
@@ -100,6 +99,22 @@ def test_a_ddp_job_generates_each_subgraph_once_and_a_second_job_compiles_nothin
     assert after["kernel_local_compiles"] == after_first["kernel_local_compiles"]
     assert after["fx_hits"] - after_first["fx_hits"] == 2 * graphs
     assert after["fallbacks"] == 0
+
+
+def test_an_fsdp2_job_generates_each_graph_once_on_the_worker_with_no_fallback(
+    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
+) -> None:
+    # fully_shard per block, as FSDP2's docs show: its hooks break the model into several
+    # graphs per rank, each with DTensor-backed parameters and FSDP's own classes nearby.
+    run = run_script(env, tmp_path, "fsdp", LLAMA, *SMALL, "--fsdp", nproc=2)
+    for rank in run.ranks:
+        assert rank["matches_eager"] is True, rank
+    graphs = run.ranks[0]["graphs"]
+    assert graphs >= 2 and run.ranks[1]["graphs"] == graphs
+    counters = stats(env, tmp_path)
+    assert counters["fx_remote_compiles"] == graphs  # one codegen per graph for both ranks
+    assert counters["fx_local_compiles"] == 0 and counters["fallbacks"] == 0
+    assert counters["fx_hits"] >= graphs
 
 
 def test_a_script_importing_inductor_internals_first_still_runs_and_generates_remotely(
