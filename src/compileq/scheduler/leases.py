@@ -119,6 +119,27 @@ def honoured(secret: bytes, name: str, value: bytes | str, now_ms: int) -> bool:
     return taken - 1000 <= now_ms < taken + ttl
 
 
+def extend(client: redis.Redis, name: str, secret: bytes) -> int:
+    """Sign ``name``'s lease again with Redis's time now, for whichever owner holds it, if its
+    value is a live owner's lease (``honoured``); its lifetime in ms, or 0 if none was renewed.
+
+    What a worker building ``name`` calls (workers/lifecycle.keeping_lease): the sender's
+    lease is kept as the sender's (same owner, same lifetime), so the sender's release and
+    orphan handling, keyed on its owner id, still find it. Compare-and-set on the value read:
+    a lease that changed meanwhile (released, taken over) is left alone."""
+    lock = keys.lock(name)
+    value = client.get(lock)
+    if not isinstance(value, bytes) or len(value) > _MAX_VALUE_BYTES:
+        return 0
+    now = server_ms(client)
+    if not honoured(secret, name, value, now):
+        return 0
+    owner, _, ttl, _ = value.decode().rsplit("|", 3)
+    renewed = signed_value(secret, name, owner, now, int(ttl))
+    swapped = client.register_script(_TAKE_OVER)(keys=[lock], args=[value, renewed, int(ttl)])
+    return int(ttl) if swapped else 0
+
+
 def new_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 

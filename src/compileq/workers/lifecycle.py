@@ -10,7 +10,8 @@ Each job kind's module (``triton``, ``fx``, ``cpp``, ``tune``) does only its own
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -24,6 +25,7 @@ from compileq.cache.store import RedisStore
 from compileq.config import Settings
 from compileq.errors import CompileqError, IntegrityError, ToolchainMismatch
 from compileq.fingerprint import FxToolchain, Target, Toolchain
+from compileq.scheduler import leases
 from compileq.tasks.events import Done, announce
 from compileq.tasks.portable import StandInCalled
 from compileq.workers.fx_slots import FxSlots
@@ -132,6 +134,50 @@ def reject(ctx: WorkerContext, key: str, reason: str) -> str:
         with contextlib.suppress(redis.RedisError):
             settle(ctx.store.client, key, reason)
     return "rejected"
+
+
+#: How often a worker signs a building job's lease again, within these bounds: a third of
+#: its lifetime (the sender's deadline and a second: scheduler/roundtrip.lease_ms).
+_KEEP_EVERY_S = (0.5, 20.0)
+
+
+@contextlib.contextmanager
+def keeping_lease(key: object) -> Iterator[None]:
+    """Keep alive, while this task runs, the lease of the client that sent ``key``'s job.
+
+    The sender's lease outlives its own wait by a second, and nothing renewed it while a
+    worker built: a build slower than that (a loaded worker, a big graph) let the next
+    process asking for the key find no lease, send the job again and have it generated
+    twice. Seen with three pytest processes on two cores: a lazy backward compile sent the
+    backward already sent ahead, 79 s after it, while the worker was 79 s into its codegen
+    (3 codegens for 2 graphs; 7 for 6 under DDP). Now the worker signs the lease again every
+    third of its lifetime until the task ends; a worker that dies stops, and the lease lapses
+    as before. Rejected alternatives: the worker taking the lease as its own (the sender's
+    release and orphan handling go by its owner id); a longer lease from the sender (a
+    sender that dies before its job is sent would hold the key that much longer)."""
+    if _context is None or not isinstance(key, str) or not key.startswith(keys.ARTIFACT):
+        yield
+        return
+    client, secret = _context.store.client, _context.settings.secret_bytes()
+    done = threading.Event()
+
+    def keep() -> None:
+        low, high = _KEEP_EVERY_S
+        every = low
+        while True:
+            with contextlib.suppress(redis.RedisError):
+                ttl_ms = leases.extend(client, key, secret)
+                every = min(max(ttl_ms / 3000, low), high) if ttl_ms else low
+            if done.wait(every):
+                return
+
+    keeper = threading.Thread(target=keep, name="compileq-lease-keeper", daemon=True)
+    keeper.start()
+    try:
+        yield
+    finally:
+        done.set()
+        keeper.join(timeout=1.0)
 
 
 def settle(

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from compileq.tasks.app import COMPILE_CPP, COMPILE_FX, COMPILE_TRITON, TUNE_TRITON, app
-from compileq.workers import metrics
+from compileq.workers import lifecycle, metrics
 from compileq.workers.cpp import execute_compile_cpp
 from compileq.workers.fx import execute_compile_fx
 from compileq.workers.triton import execute_compile_triton
@@ -54,7 +54,8 @@ def _observed(task: Any, kind: str, execute: Callable[[Any], str], key: Any) -> 
     started = time.perf_counter()
     outcome = "failed"
     try:
-        outcome = execute(key)
+        with lifecycle.keeping_lease(key):  # the sender's lease outlives the build
+            outcome = execute(key)
         return outcome
     finally:
         queue = str((task.request.delivery_info or {}).get("routing_key") or "unknown")
