@@ -41,11 +41,12 @@ demo: setup
 # and a broken layer is a reason to stop before the tests.
 # Two pytest processes (pytest-xdist): alone, a test keeps 1.1 of 2 cores busy (it waits on its
 # worker and its client in turn); two at once keep both busy. On the 2-core CI machine the suite
-# took 47 min instead of 66, and about 43 once the Slurm walkthrough moved to test-all. --dist
-# loadgroup keeps the Docker tests on one process (tests/docker_engine.ONE_PROCESS).
-# TEST_PROCESSES=0 runs the suite in one process.
+# took 47 min instead of 66, 43 once the Slurm walkthrough moved to test-all, 41.6 with the
+# shared ISA verdicts and smaller jobs (tests/conftest.py, issue 36's note). Which
+# tests share a process (the Docker ones; those sharing a cold job) is tests/conftest.ONE_PROCESS,
+# whose scheduler replaces --dist's. TEST_PROCESSES=0 runs the suite in one process.
 TEST_PROCESSES ?= 2
-PYTEST := $(PY) -m pytest -q --durations=30 -n $(TEST_PROCESSES) --dist loadgroup
+PYTEST := $(PY) -m pytest -q --durations=30 -n $(TEST_PROCESSES) --dist loadscope
 test: setup docker
 	$(VENV)/bin/lint-imports --no-logo
 	$(PYTEST)

@@ -35,6 +35,79 @@ LOAD_CLIENT = CLIENTS / "load_client.py"
 SECRET = "test-secret-" + "x" * 20
 
 
+#: Modules whose tests take minutes on the 2-core CI machine, heaviest first (their summed
+#: durations under ``make test``). They run first: in name order they came last
+#: (test_training_configs, test_user_scripts), and one pytest process ran them alone while the
+#: other had finished. Ordering by measured time instead (pytest's cache) was rejected: CI
+#: starts from a fresh clone and has no cache. A module not listed keeps its place after these.
+LONG_FIRST = (
+    "test_training_configs",
+    "test_user_scripts",
+    "test_deferred",
+    "test_profiles",
+    "test_chaos",
+    "test_demo",
+    "test_load",
+    "test_ddp_aot",
+    "test_broker",
+    "test_stack",
+    "test_fx_remote",
+    "test_cluster",
+    "test_local_cluster",
+    "test_poisoning",
+    "test_poisoning_availability",
+    "test_sentinel",
+    "test_speculative",
+    "test_partition",
+    "test_cpp_fanout",
+    "test_faults",
+    "test_graph_cache",
+)
+
+
+#: Modules whose tests run in one pytest process, by group: the Docker ones (one process builds
+#: the images, and no two compose stacks or Slurm clusters fight for the 2 cores at once), and
+#: the ones whose tests share a set-up (a cold job, a filled cache, a Sentinel cluster), which
+#: each process running one of their tests would otherwise set up again: test_ddp_aot's cold
+#: DDP job alone is a minute and a half of the 2-core machine. ``filled_cache`` is the
+#: session's, used by two modules. Every other test goes to whichever process is free.
+#: Rejected: pytest-xdist's own ``--dist loadgroup`` and ``xdist_group`` marks, which pytest
+#: 9.2 silently defeats (xdist 3.8 renames a test's ``_nodeid``; pytest 9.2 reads its ``_id``):
+#: the marks were there, and the tests still ran on both processes.
+ONE_PROCESS = {
+    "test_stack": "docker",
+    "test_slurm": "docker",
+    "test_poisoning": "filled_cache",
+    "test_poisoning_availability": "filled_cache",
+    "test_ddp_aot": "test_ddp_aot",
+    "test_profiles": "test_profiles",
+    "test_fx_remote": "test_fx_remote",
+    "test_cpp_fanout": "test_cpp_fanout",
+    "test_sentinel": "test_sentinel",
+}
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``make test``'s scheduler: xdist's by scope, a scope being a group of ONE_PROCESS or a
+    single test, taken in collection order (LONG_FIRST)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Grouped(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            stem = Path(nodeid.split("::", 1)[0]).stem
+            return ONE_PROCESS.get(stem, nodeid)
+
+    config.option.loadscopereorder = False  # collection order: the longest modules first
+    return Grouped(config, log)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # A stable sort: each module's tests stay together and in their order, so a module-scoped
+    # fixture (a shared cold job) is still set up once per pytest process.
+    rank = {name: i for i, name in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))
+
+
 def start_redis(workdir: Path) -> RedisServer:
     if shutil.which("redis-server") is None:
         if os.environ.get("CI"):
@@ -160,11 +233,21 @@ def worker(env: Env, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worke
 _CACHE_PATTERNS = (keys.ARTIFACT, keys.LOCK, keys.JOB, keys.META, keys.SIBLINGS)
 
 
-def wipe_cache(client: redis.Redis) -> None:
-    """Drop artifacts, leases, jobs, counters and records; workers' heartbeats are kept."""
+#: This CPU's vector-ISA verdicts (inductor/cpp_cache.py): the same for every test of a
+#: session, so wipe_cache keeps them. Dropped, each cold test's first client probed the CPU
+#: again: two C++ compiles and two Python processes importing torch, 5 s of CPU and 8 s of a
+#: 2-core machine's wall time, in some 45 tests.
+KEPT_VERDICTS = keys.artifact("isa", "").encode()
+
+
+def wipe_cache(client: redis.Redis, *, everything: bool = False) -> None:
+    """Drop artifacts, leases, jobs, counters and records; workers' heartbeats are kept, and
+    the CPU's vector-ISA verdicts unless ``everything`` (a test that counts every entry, or
+    needs a client to probe its CPU)."""
     for pattern in _CACHE_PATTERNS:
         for key in client.scan_iter(match=pattern + "*"):
-            client.delete(key)
+            if everything or not key.startswith(KEPT_VERDICTS):
+                client.delete(key)
     client.delete(keys.MISSES)
     # The same reset as `compileq stats --reset`, so a counter added there is wiped here too.
     reset_counters(client)
@@ -214,9 +297,18 @@ def filled_cache(
 
 @pytest.fixture
 def clean_cache(redis_server: RedisServer) -> redis.Redis:
-    """An empty cache (artifacts, leases, jobs, counters, records); workers' heartbeats are kept."""
+    """An empty cache (artifacts, leases, jobs, counters, records) but for the CPU's vector-ISA
+    verdicts; workers' heartbeats are kept."""
     client = redis_server.client()
     wipe_cache(client)
+    return client
+
+
+@pytest.fixture
+def empty_cache(redis_server: RedisServer) -> redis.Redis:
+    """clean_cache without the vector-ISA verdicts either: nothing under an entry's key."""
+    client = redis_server.client()
+    wipe_cache(client, everything=True)
     return client
 
 

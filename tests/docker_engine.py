@@ -48,11 +48,6 @@ def require_docker(what: str) -> None:
 
 STACK = Path(__file__).resolve().parents[1] / "docker" / "stack.sh"
 
-#: Every Docker test's module mark: under ``make test``'s two pytest processes (``--dist
-#: loadgroup``) one process runs them all, so the images are built once per session and no two
-#: compose stacks or Slurm clusters fight for the 2 cores at once.
-ONE_PROCESS = pytest.mark.xdist_group("docker")
-
 
 #: The targets built in this session. ``build-slurm`` runs ``build`` first, so the Slurm test
 #: (``make test-all``; it runs first, by file name) leaves the stack test's image built: a second ``build``

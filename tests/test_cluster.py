@@ -47,7 +47,7 @@ def artifact_keys(client: redis.Redis) -> list[bytes]:
 
 
 def test_kernels_compile_on_the_worker_into_real_cubins(
-    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path, settings: Settings
+    env: Env, worker: Worker, empty_cache: redis.Redis, tmp_path: Path, settings: Settings
 ) -> None:
     n = len(manifest_rows(MLP))
     report = warm_json(env, MLP, tmp_path)
@@ -57,8 +57,8 @@ def test_kernels_compile_on_the_worker_into_real_cubins(
     assert counters["kernel_local_compiles"] == 0
     assert counters["entries"] == n
 
-    store = RedisStore(clean_cache, settings)
-    for key in artifact_keys(clean_cache):
+    store = RedisStore(empty_cache, settings)
+    for key in artifact_keys(empty_cache):
         kernel, elapsed_us = pickle.loads(store.get(key.decode()) or b"")
         assert type(kernel).__name__ == "CachingAutotuner"
         assert elapsed_us > 0
@@ -96,7 +96,7 @@ def test_a_new_machine_gets_every_kernel_from_the_cache_and_compiles_nothing(
 
 
 def test_concurrent_clients_cause_exactly_one_compile_per_kernel(
-    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
+    env: Env, worker: Worker, empty_cache: redis.Redis, tmp_path: Path
 ) -> None:
     n = len(manifest_rows(MLP))
     with ThreadPoolExecutor(4) as pool:
@@ -206,7 +206,7 @@ def test_with_no_live_worker_kernels_build_locally_and_are_cached(
 
 
 def test_a_kernel_that_fails_to_compile_is_reported_and_never_cached(
-    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path, reliability: Recorder
+    env: Env, worker: Worker, empty_cache: redis.Redis, tmp_path: Path, reliability: Recorder
 ) -> None:
     row = manifest_rows(GPT)[0]
     broken = dict(row, source=row["source"].replace("tl.load(", "tl.no_such_load("))
@@ -220,7 +220,7 @@ def test_a_kernel_that_fails_to_compile_is_reported_and_never_cached(
     counters = stats(env, tmp_path)
     assert counters["kernel_remote_failures"] == 1
     assert counters["entries"] == 1  # only the good kernel
-    assert not list(clean_cache.scan_iter(match=keys.LOCK + "*"))  # nobody left waiting
+    assert not list(empty_cache.scan_iter(match=keys.LOCK + "*"))  # nobody left waiting
     reliability.record(
         "a kernel source that fails to compile",
         "the client gets the kernel's own error, as stock would; the failure is not cached",
@@ -265,7 +265,7 @@ def load_client(env: Env, tmp: Path, manifest: Path, *args: str) -> dict[str, An
 
 
 def test_graph_codegen_on_a_worker_sends_kernels_to_free_siblings_and_builds_them_when_none_is(
-    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
+    env: Env, worker: Worker, empty_cache: redis.Redis, tmp_path: Path
 ) -> None:
     # The client a worker's graph codegen uses (workers/fx.py), as its pool process sees it.
     n = len(manifest_rows(GPT))
@@ -273,14 +273,14 @@ def test_graph_codegen_on_a_worker_sends_kernels_to_free_siblings_and_builds_the
     assert (free["remote"], free["local"]) == (n, 0)  # built by the worker's pool processes
     assert stats(env, tmp_path)["kernel_remote_compiles"] == n
 
-    wipe_cache(clean_cache)
+    wipe_cache(empty_cache, everything=True)
     busy = load_client(env, tmp_path / "busy", GPT, "--on-worker", "busy")
     assert (busy["remote"], busy["local"]) == (0, n)  # built in place: nobody free to wait for
     counters = stats(env, tmp_path)
     # Still a worker's build, and stored for every client; no lease left behind.
     assert (counters["kernel_remote_compiles"], counters["kernel_local_compiles"]) == (n, 0)
     assert counters["entries"] == n
-    assert not list(clean_cache.scan_iter(match=keys.LOCK + "*"))
+    assert not list(empty_cache.scan_iter(match=keys.LOCK + "*"))
 
 
 def test_a_worker_of_another_toolchain_never_receives_the_kernels(

@@ -2,6 +2,12 @@
 (codegen/deferred.py). On CPU: real redis-server, a real --cpu-only worker, torchrun with two
 gloo ranks, real torch.compile (the job that defers and checks every forward is in
 tests/test_user_scripts.py; here, what happens when a check fails, and the checks themselves).
+
+"Trains right" is the script's own check: an eager copy of the model takes the same steps in
+each rank, and losses and parameters must match it (``matches_eager``). A stock job beside
+each compileq job, for losses equal bit for bit, was dropped: it cost each test a third of its
+time on the 2-core CI machine, and tests/test_user_scripts.py already holds the worker's code
+equal to stock's, byte for byte.
 """
 
 from __future__ import annotations
@@ -13,8 +19,8 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from compileq.codegen import deferred
-from tests.conftest import Env, Worker, stats, wipe_cache
-from tests.scripts import LLAMA, run_script
+from tests.conftest import Env, Worker, stats
+from tests.scripts import run_script
 
 CLIENTS = Path(__file__).parent / "clients"
 #: Two DDP buckets (two subgraphs per rank, three layers: as many as four make, and a shorter
@@ -25,12 +31,8 @@ DDP = ("--width", "104", "--layers", "3", "--bucket-mb", "1")
 def test_a_forward_that_fails_its_check_makes_the_frame_compile_again_as_stock_and_train_right(
     env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
 ) -> None:
-    reference = run_script(env, tmp_path, "stock", LLAMA, *DDP, nproc=2, compileq=False)
-    subgraphs = sum(rank["graphs"] // 2 for rank in reference.ranks)  # a forward, a backward each
-    assert subgraphs == 2 * 2, reference.ranks
     # Both faults in one job, a rank each: rank 0's forward comes back with other strides,
     # rank 1's output is lost. A cold cluster: every forward is generated, so deferred.
-    wipe_cache(clean_cache)
     before = stats(env, tmp_path)
     run = run_script(
         env,
@@ -43,6 +45,10 @@ def test_a_forward_that_fails_its_check_makes_the_frame_compile_again_as_stock_a
     )
     after = stats(env, tmp_path)
     grew = {k: after[k] - before.get(k, 0) for k in after if isinstance(after[k], int)}
+    # The frame compiled again made the same code: each rank still has two subgraphs' forward
+    # and backward.
+    subgraphs = sum(rank["graphs"] // 2 for rank in run.ranks)
+    assert subgraphs == 2 * 2, run.ranks
     # Each rank's first deferred forward failed its check: the rank compiled the frame again,
     # waiting for each forward as stock does, and deferred nothing after.
     assert grew["ddp_forward_mispredictions"] == 2, grew
@@ -54,9 +60,8 @@ def test_a_forward_that_fails_its_check_makes_the_frame_compile_again_as_stock_a
         "could not be loaded (RuntimeError: the worker's output is lost)",
     ):
         assert said in run.stderr, (said, run.stderr[-3000:])
-    for rank, stock in zip(run.ranks, reference.ranks, strict=True):
+    for rank in run.ranks:
         assert rank["matches_eager"] is True, rank
-        assert rank["losses"] == stock["losses"], rank
 
 
 def test_a_forward_whose_saved_activations_come_back_padded_keeps_its_frame_and_trains_right(
@@ -67,9 +72,6 @@ def test_a_forward_whose_saved_activations_come_back_padded_keeps_its_frame_and_
     # with other strides than the traced ones. Found on two H200s: every such frame used to
     # compile twice.
     padded = ("--width", "1032", "--layers", "1", "--bucket-mb", "1")
-    reference = run_script(
-        env, tmp_path, "stock", CLIENTS / "ddp_padded.py", *padded, nproc=2, compileq=False
-    )
     before = stats(env, tmp_path)
     run = run_script(env, tmp_path, "compileq", CLIENTS / "ddp_padded.py", *padded, nproc=2)
     after = stats(env, tmp_path)
@@ -79,9 +81,8 @@ def test_a_forward_whose_saved_activations_come_back_padded_keeps_its_frame_and_
     assert grew.get("ddp_forward_mispredictions", 0) == 0, grew
     assert grew.get("fx_local_compiles", 0) == 0 and grew.get("fallbacks", 0) == 0, grew
     assert "compiling this frame again" not in run.stderr, run.stderr[-3000:]
-    for rank, stock in zip(run.ranks, reference.ranks, strict=True):
+    for rank in run.ranks:
         assert rank["matches_eager"] is True, rank
-        assert rank["losses"] == stock["losses"]
 
 
 def test_only_saved_activations_are_restrided_and_all_or_none() -> None:

@@ -35,7 +35,7 @@ def explain_json(env: Env, tmp: Path, *args: str, **more: str) -> object:
 
 
 def test_stats_break_hits_down_per_queue_with_slowest_builds_and_live_workers(
-    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path, settings: Settings
+    env: Env, worker: Worker, empty_cache: redis.Redis, tmp_path: Path, settings: Settings
 ) -> None:
     manifest = small_manifest(tmp_path, 2)
     names = {row["name"] for row in manifest_rows(manifest)}
@@ -60,7 +60,7 @@ def test_stats_break_hits_down_per_queue_with_slowest_builds_and_live_workers(
     assert f"queue {queue}" in text and "slowest triton builds" in text
     assert f"kernels: {n} hits, {n} misses (hit rate 50.0%)" in text
 
-    after = snapshot(RedisStore(clean_cache, settings))
+    after = snapshot(RedisStore(empty_cache, settings))
     assert after["kernel_hits"] == 0 and after["slowest"] == {}
     assert "kernel_hits" not in after["queues"][queue]  # type: ignore[index]
     assert after["entries"] == n  # a reset zeroes counters, never entries

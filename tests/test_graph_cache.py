@@ -32,7 +32,7 @@ def run_training(env: Env, tmp: Path, name: str, *flags: str) -> dict[str, objec
 
 
 def test_a_new_machine_gets_fx_graphs_and_cpp_kernels_from_redis(
-    env: Env, clean_cache: redis.Redis, tmp_path: Path
+    env: Env, empty_cache: redis.Redis, tmp_path: Path
 ) -> None:
     # --no-fx: this is about the caches behind an in-process compile, whether or not a worker
     # for FX codegen happens to be alive (test_fx_remote covers the codegen on a worker).

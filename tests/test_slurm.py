@@ -23,9 +23,8 @@ from typing import Any
 
 import pytest
 
-from tests.docker_engine import ONE_PROCESS, STACK, build_images, json_line, require_docker
+from tests.docker_engine import STACK, build_images, json_line, require_docker
 
-pytestmark = ONE_PROCESS
 #: The walkthrough on its six containers: three minutes of a 2-core machine, so `make test-all`
 #: runs it, not CI (`make test`). CI keeps the compose stack's containers (tests/test_stack.py),
 #: and the last test here, which holds DEPLOY.md to these commands.

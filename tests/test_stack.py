@@ -16,9 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.docker_engine import ONE_PROCESS, STACK, build_images, json_line, require_docker
-
-pytestmark = ONE_PROCESS
+from tests.docker_engine import STACK, build_images, json_line, require_docker
 
 ROOT = Path(__file__).parents[1]
 

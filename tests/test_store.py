@@ -25,7 +25,7 @@ def key(n: int) -> str:
 
 
 @pytest.fixture
-def store(settings: Settings, clean_cache: redis.Redis) -> RedisStore:
+def store(settings: Settings, empty_cache: redis.Redis) -> RedisStore:
     return RedisStore(redis_client(settings.redis_url, settings), settings)
 
 

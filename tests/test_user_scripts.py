@@ -17,8 +17,10 @@ from tests.conftest import Env, Worker, compileq_cmd, stats
 from tests.scripts import LLAMA, code_diff, fx_builds, output_code, overlapping, run_script
 from tests.test_fx_remote import COMPILES
 
-#: A small model: two graphs (forward, backward), a shorter suite.
-SMALL = ("--layers", "2")
+#: A small model: two graphs (forward, backward), one block (a quarter less time than two).
+SMALL = ("--layers", "1")
+#: FSDP2 shards each block: two of them.
+TWO_BLOCKS = ("--layers", "2")
 #: Wide enough for DDP to split the model into three buckets (DDPOptimizer: three subgraphs).
 DDP = ("--width", "128", "--layers", "4", "--bucket-mb", "1")
 
@@ -106,7 +108,7 @@ def test_an_fsdp2_job_generates_each_graph_once_on_the_worker_with_no_fallback(
 ) -> None:
     # fully_shard per block, as FSDP2's docs show: its hooks break the model into several
     # graphs per rank, each with DTensor-backed parameters and FSDP's own classes nearby.
-    run = run_script(env, tmp_path, "fsdp", LLAMA, *SMALL, "--fsdp", nproc=2)
+    run = run_script(env, tmp_path, "fsdp", LLAMA, *TWO_BLOCKS, "--fsdp", nproc=2)
     for rank in run.ranks:
         assert rank["matches_eager"] is True, rank
     graphs = run.ranks[0]["graphs"]
