@@ -106,38 +106,44 @@ def signed_value(secret: bytes, name: str, owner: str, taken_ms: int, ttl_ms: in
     return f"{owner}|{taken_ms}|{ttl_ms}|{_tag(secret, name, owner, taken_ms, ttl_ms)}"
 
 
-def honoured(secret: bytes, name: str, value: bytes | str, now_ms: int) -> bool:
-    """Whether ``value``, found under ``name``'s lock, is a live owner's lease: signed with
-    ``secret`` for this very key, and its signed lifetime not over at Redis's ``now_ms``."""
+def _live(secret: bytes, name: str, value: bytes | str, now_ms: int) -> tuple[str, int] | None:
+    """``(owner, lifetime ms)`` of ``value`` found under ``name``'s lock if it is a live
+    owner's lease: signed with ``secret`` for this very key, its signed lifetime not over at
+    Redis's ``now_ms``; else None."""
     text = value.decode(errors="replace") if isinstance(value, bytes) else value
     parts = text.rsplit("|", 3)
     if len(parts) != 4 or not all(p.isascii() and p.isdigit() for p in parts[1:3]):
-        return False
+        return None
     owner, taken, ttl, tag = parts[0], int(parts[1]), int(parts[2]), parts[3]
     if not hmac.compare_digest(tag.encode(), _tag(secret, name, owner, taken, ttl).encode()):
-        return False
-    return taken - 1000 <= now_ms < taken + ttl
+        return None
+    return (owner, ttl) if taken - 1000 <= now_ms < taken + ttl else None
+
+
+def honoured(secret: bytes, name: str, value: bytes | str, now_ms: int) -> bool:
+    """Whether ``value``, found under ``name``'s lock, is a live owner's lease."""
+    return _live(secret, name, value, now_ms) is not None
 
 
 def extend(client: redis.Redis, name: str, secret: bytes) -> int:
     """Sign ``name``'s lease again with Redis's time now, for whichever owner holds it, if its
-    value is a live owner's lease (``honoured``); its lifetime in ms, or 0 if none was renewed.
+    value is a live owner's lease; its lifetime in ms, or 0 if none was renewed.
 
     What a worker building ``name`` calls (workers/lifecycle.keeping_lease): the sender's
     lease is kept as the sender's (same owner, same lifetime), so the sender's release and
-    orphan handling, keyed on its owner id, still find it. Compare-and-set on the value read:
-    a lease that changed meanwhile (released, taken over) is left alone."""
+    orphan handling, keyed on its owner id, still find it. Compare-and-set on the value read
+    (``_TAKE_OVER``): a lease that changed meanwhile (released, taken over) is left alone."""
     lock = keys.lock(name)
     value = client.get(lock)
     if not isinstance(value, bytes) or len(value) > _MAX_VALUE_BYTES:
         return 0
     now = server_ms(client)
-    if not honoured(secret, name, value, now):
+    if (live := _live(secret, name, value, now)) is None:
         return 0
-    owner, _, ttl, _ = value.decode().rsplit("|", 3)
-    renewed = signed_value(secret, name, owner, now, int(ttl))
-    swapped = client.register_script(_TAKE_OVER)(keys=[lock], args=[value, renewed, int(ttl)])
-    return int(ttl) if swapped else 0
+    owner, ttl = live
+    renewed = signed_value(secret, name, owner, now, ttl)
+    swapped = client.register_script(_TAKE_OVER)(keys=[lock], args=[value, renewed, ttl])
+    return ttl if swapped else 0
 
 
 def new_owner() -> str:

@@ -162,14 +162,14 @@ def keeping_lease(key: object) -> Iterator[None]:
     done = threading.Event()
 
     def keep() -> None:
+        # The first renewal after the shortest period, not at once: most builds (a Triton
+        # kernel, a stored entry found again) end first and cost no Redis call here.
         low, high = _KEEP_EVERY_S
         every = low
-        while True:
+        while not done.wait(every):
             with contextlib.suppress(redis.RedisError):
                 ttl_ms = leases.extend(client, key, secret)
                 every = min(max(ttl_ms / 3000, low), high) if ttl_ms else low
-            if done.wait(every):
-                return
 
     keeper = threading.Thread(target=keep, name="compileq-lease-keeper", daemon=True)
     keeper.start()
