@@ -22,6 +22,19 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     return {
         "broker_connection_timeout": settings.connect_timeout_s,
         "broker_connection_retry_on_startup": True,
+        # An error *reply* on the broker connection is retried as a lost connection is. In a
+        # failover Redis answers a worker's blocking pop with one (``UNBLOCKED ... master ->
+        # replica``, ``READONLY`` from a node just demoted) and Celery's default takes it for
+        # unrecoverable: the worker shut down (exit 0) and its supervisor restarted it, 15 s of
+        # start-up (seen in CI's failover test; tests/test_sentinel.py unblocks the pop with an
+        # error to show it). A reply that stays an error (an ACL refusing the queue) is logged
+        # and retried for ever, as an unreachable broker is, rather than a restart loop.
+        "broker_channel_error_retry": True,
+        # Said outright (Celery warns while it is left unset): a build running when the broker
+        # connection drops goes on and stores its artifact; its message, never acked, is
+        # delivered again later and finds the entry stored. Cancelling it would throw the
+        # build away and start it again.
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
         **_broker(settings),
         # Messages carry keys and small JSON only; artifacts travel through the store. pickle
         # is refused so that broker write access alone never means code execution on a worker.
