@@ -1,13 +1,18 @@
-"""A worker keeps the sender's lease alive while it builds (workers/lifecycle.keeping_lease).
+"""A sent job's lease lives as long as its job: its sender keeps it while the job waits in its
+queue (KernelClient.keep_lease), its worker while it builds (workers/lifecycle.keeping_lease).
 
-The sender's lease outlives its own wait by a second. A build slower than that, on a loaded
-worker, used to leave the key unleased mid-build: the next process asking for it (a lazy
-backward compile after the forward, a late rank) sent the job again and the graph was
-generated twice. Real redis-server, the session's real --cpu-only worker, real torch.compile.
+The sender's lease outlives its own wait by a second. A job slower than that, queued behind a
+busy worker's builds or built on a loaded one, used to leave the key unleased: the next
+process asking for it (a lazy backward compile after the forward, a late rank) sent the job
+again and the graph was generated twice (7 codegens for a DDP job's 6 graphs, in a full run
+of the suite on the 2-core machine). Real redis-server, the session's real --cpu-only worker,
+real torch.compile.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -18,6 +23,7 @@ import redis
 from compileq import keys
 from compileq.localstack import RedisServer
 from compileq.scheduler.leases import (
+    Leases,
     extend,
     honoured,
     release,
@@ -33,6 +39,8 @@ _LONELY_DB = 13
 #: The sender's deadline: its lease lives a second longer, far shorter than a codegen here.
 _DEADLINE_S = 1
 _LEASE_S = _DEADLINE_S + 1
+#: The end of a sender's life in which its last leases may lapse: it stops renewing as it exits.
+_EXITING_S = 8.0
 
 
 def test_a_building_worker_renews_only_a_live_signed_lease_and_keeps_it_the_senders(
@@ -60,6 +68,38 @@ def test_a_building_worker_renews_only_a_live_signed_lease_and_keeps_it_the_send
     db.set(keys.lock("p"), b"planted", px=60_000)
     assert [extend(db, k, secret) for k in ("b", "old", "f", "p")] == [0, 0, 0, 0]
     assert db.get(keys.lock("p")) == b"planted"
+
+
+def test_a_sender_keeps_its_sent_jobs_lease_until_the_worker_drops_it_and_no_longer(
+    redis_server: RedisServer,
+) -> None:
+    db = redis_server.client(_LONELY_DB)
+    db.flushdb()
+    secret = SECRET.encode()
+    names = ["queued", "settled", "lapsed", "old"]
+    assert take_many(db, names, "sender", _LEASE_S * 1000, secret=secret) == [True] * 4
+    kept = Leases(db, ttl_s=_LEASE_S, max_hold_s=3 * _LEASE_S, secret=secret, owner="sender")
+    for name in names[:3]:
+        kept.keep(name)
+    db.delete(keys.lock("lapsed"))  # lapsed while Redis was away, and taken by another
+    assert take_many(db, ["lapsed"], "other", 60_000, secret=secret) == [True]
+    taken_by_other = db.get(keys.lock("lapsed"))
+
+    time.sleep(2 * _LEASE_S)  # twice the lease's signed life
+    now = server_ms(db)
+    assert honoured(secret, "queued", db.get(keys.lock("queued")) or b"", now)
+    assert honoured(secret, "settled", db.get(keys.lock("settled")) or b"", now)
+    assert not db.exists(keys.lock("old"))  # never kept: lapsed
+    assert db.get(keys.lock("lapsed")) == taken_by_other  # another's: left alone
+    assert sorted(kept.held()) == ["queued", "settled"]
+
+    db.delete(keys.lock("settled"))  # the worker settled its job
+    time.sleep(_LEASE_S)
+    assert kept.held() == ["queued"] and not db.exists(keys.lock("settled"))
+    time.sleep(2 * _LEASE_S)  # past max_hold_s: kept no longer
+    assert kept.held() == []
+    time.sleep(_LEASE_S + 0.5)
+    assert not db.exists(keys.lock("queued"))
 
 
 def test_a_job_built_past_its_senders_lease_keeps_the_lease_and_is_built_once(
@@ -93,29 +133,110 @@ def test_a_job_built_past_its_senders_lease_keeps_the_lease_and_is_built_once(
     kept = lapsed = 0
     ends = time.monotonic() + 600
     # Every job still open (sent, not yet settled) older than its sender's lease, whose
-    # output is not stored yet: being built (its lease kept live), or still in the queue (a
-    # pool process busy with the other graph's C++ objects: nothing keeps that one's lease).
+    # output is not stored yet: being built (the worker keeps its lease), or still in the
+    # queue behind the worker's other builds (the sender keeps it, while the sender lives).
     while time.monotonic() < ends and (proc.poll() is None or _open_jobs(clean_cache)):
         now = time.monotonic()
         for key in _open_jobs(clean_cache):
             first_seen.setdefault(key, now)
             if now - first_seen[key] < _LEASE_S + 1 or clean_cache.exists(key):
                 continue
+            sender_alive = proc.poll() is None
             value = clean_cache.get(keys.lock(key))
             live = value is not None and honoured(secret, key, value, server_ms(clean_cache))
-            kept, lapsed = kept + live, lapsed + (not live)
+            kept, lapsed = kept + live, lapsed + (not live and sender_alive)
         time.sleep(0.2)
     proc.wait(timeout=60)
     assert proc.returncode == 0, (tmp_path / "stderr").read_text()[-3000:]
     assert first_seen, "no FX job was sent"
-    # Leases seen live past their sender's lifetime: only a worker renewing them does that.
+    # Leases seen live past their sender's lifetime: only renewals do that; and none lapsed
+    # while its sender lived, queued or building.
     assert kept > 0, f"no lease outlived its sender's {_LEASE_S} s ({lapsed} lapsed)"
+    assert lapsed == 0, f"{lapsed} leases of open jobs lapsed while their sender lived"
     # No graph generated twice on the worker: none was sent again while it was built.
     log = worker.log.read_text()
     assert all(log.count(f"generated graph {key} ") <= 1 for key in first_seen), first_seen
     assert stats(env, tmp_path)["fx_remote_compiles"] <= len(first_seen)
     assert all(clean_cache.exists(key) for key in first_seen)  # every output stored
     assert not list(clean_cache.scan_iter(match=keys.LOCK + "*"))  # every lease dropped
+
+
+def test_a_job_queued_past_its_senders_lease_keeps_the_lease_while_its_sender_lives(
+    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
+) -> None:
+    # The worker's main process stopped: it takes nothing off its queues, while clients still
+    # count it live (a long heartbeat TTL). Every job the script sends waits in the queue
+    # past its lease (2 s); the script compiles each graph itself after its 1 s deadline.
+    main = _worker_process(worker)
+    os.kill(main, signal.SIGSTOP)
+    try:
+        # Its signed record outlives its beats (it expires with the worker's own TTL).
+        for record in clean_cache.scan_iter(match=keys.worker_info("*")):
+            clean_cache.persist(record)
+        proc = subprocess.Popen(
+            compileq_cmd(
+                "run",
+                "--",
+                sys.executable,
+                str(LLAMA),
+                *("--layers", "1", "--width", "56"),
+                *("--rank-caches", str(tmp_path / "job")),
+            ),
+            env=env.vars(
+                COMPILEQ_DEADLINE_S=str(_DEADLINE_S),
+                COMPILEQ_HEARTBEAT_TTL_S="300",
+                TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "launcher"),
+            ),
+            stdout=subprocess.DEVNULL,
+            stderr=(tmp_path / "stderr").open("w"),
+        )
+        secret = SECRET.encode()
+        first_seen: dict[str, float] = {}
+        checked, lapsed = 0, []
+        ends = time.monotonic() + 600
+        while time.monotonic() < ends and proc.poll() is None:
+            now = time.monotonic()
+            for key in _open_jobs(clean_cache):
+                first_seen.setdefault(key, now)
+                if now - first_seen[key] < _LEASE_S + 1 or clean_cache.exists(key):
+                    continue
+                value = clean_cache.get(keys.lock(key))
+                live = value is not None and honoured(secret, key, value, server_ms(clean_cache))
+                if proc.poll() is None:  # judged while its sender lives
+                    checked += 1
+                    if not live:
+                        lapsed.append((key, now))
+            time.sleep(0.2)
+        exited = time.monotonic()
+        proc.wait(timeout=60)
+    finally:
+        os.kill(main, signal.SIGCONT)
+    assert proc.returncode == 0, (tmp_path / "stderr").read_text()[-3000:]
+    assert first_seen, "no FX job was sent"
+    assert checked > 0, "no job was seen queued past its lease"
+    # Before senders kept their leases, each of these had lapsed: anyone asking then sent
+    # the job again, and both messages were built.
+    # A sender stops renewing as it exits (its last lease lapses within 2 s of its last
+    # renewal; a torch process takes a few seconds to finish exiting): only lapses well before
+    # it ended count.
+    early = sorted({key for key, seen in lapsed if seen < exited - _EXITING_S})
+    assert early == [], f"{len(early)} queued jobs' leases lapsed while their sender lived"
+    # The worker, going on, takes each queued job (the script compiled its graphs itself,
+    # into Inductor's own cache, so the worker's output is still wanted) and builds it once.
+    ends = time.monotonic() + 180
+    while _open_jobs(clean_cache) and time.monotonic() < ends:
+        time.sleep(0.5)
+    assert not _open_jobs(clean_cache)
+    log = worker.log.read_text()
+    assert all(log.count(f"generated graph {key} ") == 1 for key in first_seen), first_seen
+
+
+def _worker_process(worker: Worker) -> int:
+    """The worker process its supervisor (``compileq worker``) started: the one consuming."""
+    pid = worker.process.pid
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    assert len(children) == 1, children
+    return int(children[0])
 
 
 def _open_jobs(client: redis.Redis) -> list[str]:

@@ -135,6 +135,14 @@ class KernelClient:
         self._subscribed = threading.Event()
         self._listener: threading.Thread | None = None
         self._pid = os.getpid()
+        #: The leases of the jobs this process sent, refreshed until their worker drops them.
+        self._sent = leases.Leases(
+            self._redis,
+            ttl_s=roundtrip.lease_ms(settings) / 1000,
+            max_hold_s=settings.visibility_timeout_s,
+            secret=self._store.secret,
+            owner=self._id,
+        )
 
     # -- public -------------------------------------------------------------------------------
 
@@ -183,6 +191,21 @@ class KernelClient:
             leases.release(self._redis, key, self._id)
         except redis.RedisError:
             self.orphan_lease(key)
+
+    def keep_lease(self, key: str) -> None:
+        """``key``'s job is sent: keep its lease (ours) alive while this process lives, until
+        the worker that settles the job drops it.
+
+        A lease lasts its sender's deadline and a second, and a job may wait in its queue
+        longer than that behind a busy worker's other builds (on the 2-core CI machine: a
+        backward sent ahead waited over a minute behind two 40 s codegens). Unrenewed, the
+        lease lapsed there, the next process asking for the key sent the job again, and both
+        messages were built at once: 7 codegens for a DDP job's 6 graphs. A worker renews the
+        lease while it builds (workers/lifecycle.keeping_lease), which covers a sender that
+        died since; this covers the time in the queue. Rejected alternative: a lease as long
+        as the visibility timeout from the start, which a sender dying before its message
+        went out would hold that long."""
+        self._sent.keep(key)
 
     def sent_ahead(self, key: str) -> None:
         """This process sent ``key``'s job and holds its lease, but waits for it later."""

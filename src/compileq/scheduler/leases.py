@@ -22,7 +22,8 @@ So:
 :class:`Leases` holds FX-graph leases (built in process) and refreshes them on one daemon
 thread, so a slow compile keeps its lease and a process that dies loses it within ``ttl``.
 Each lease is released on every path out of the compile that took it (``released_after``),
-errors included; ``max_hold_s`` is the last resort.
+errors included; ``max_hold_s`` is the last resort. A client keeps the leases of the jobs it
+sent the same way (``keep``, from ``KernelClient.keep_lease``) until their worker drops them.
 """
 
 from __future__ import annotations
@@ -205,19 +206,26 @@ class Leases:
         on_stale: Callable[[int], None] = lambda _: None,
         *,
         secret: bytes,
+        owner: str | None = None,
     ) -> None:
         self._client = client
         self._secret = secret
         self._ttl_ms = int(ttl_s * 1000)
         self._max_hold_s = max_hold_s
         self._on_stale = on_stale
-        self.owner = new_owner()
+        self.owner = owner or new_owner()
         self._held: dict[str, float] = {}
         self._by_thread = threading.local()
         self._lock = threading.Lock()
         self._release = client.register_script(_RELEASE)
         self._refresh_one = client.register_script(_REFRESH)
         self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+
+    def held(self) -> list[str]:
+        """The keys whose leases are refreshed now."""
+        with self._lock:
+            return list(self._held)
 
     def acquire(self, key: str) -> bool:
         # A lease this process holds already is its own to use again, as long as Redis says
@@ -234,15 +242,25 @@ class Leases:
             )[0]
         ):
             return False
+        self._hold(key)
+        self._mine().append(key)
+        return True
+
+    def keep(self, key: str) -> None:
+        """Refresh ``key``'s lease, taken by this owner elsewhere (``take_many``), until it is
+        gone (released, dropped by the worker that settled its job, taken over after a lapse)
+        or ``max_hold_s`` has passed. Never released here: whoever took it hands it back."""
+        self._hold(key)
+
+    def _hold(self, key: str) -> None:
         with self._lock:
             self._held.setdefault(key, time.monotonic())
-            if self._thread is None:
+            if self._thread is None or self._pid != os.getpid():  # none yet, or forked since
+                self._pid = os.getpid()
                 self._thread = threading.Thread(
                     target=self._refresh, name="compileq-leases", daemon=True
                 )
                 self._thread.start()
-        self._mine().append(key)
-        return True
 
     def release(self, key: str) -> None:
         with self._lock:
@@ -282,7 +300,9 @@ class Leases:
                 live = list(self._held)
             for key in live:
                 with contextlib.suppress(redis.RedisError):
-                    self._renew(key)
+                    if not self._renew(key):  # gone, or another's since a lapse: not ours
+                        with self._lock:
+                            self._held.pop(key, None)
 
     def _renew(self, key: str) -> bool:
         """Sign ``key``'s lease again with Redis's time now, if this owner still holds it:

@@ -13,8 +13,9 @@ is sent (pub/sub is at-most-once: an announcement in between would be lost), the
 for each key announced done, and re-read every ``POLL_S`` as a safety net under pub/sub (a
 dropped connection, a failover, an evicted message). One deadline rule: a wait gives up
 ``deadline_s`` after it was asked for, once the store, read then, still lacks the output; a
-lease lasts that long and a second more, so a slow build is never sent again by another
-process while its sender still waits. After a Redis failure the leases this process still
+lease lasts that long and a second more, and its sender renews it while the job waits in its
+queue (``KernelClient.keep_lease``), its worker while it builds: a slow job is never sent
+again by another process while its sender or its worker lives. After a Redis failure the leases this process still
 holds are orphans (``KernelClient.orphan_lease``), handed back once Redis answers again, so
 nobody else waits out their expiry.
 
@@ -82,6 +83,8 @@ class Sender(Protocol):
     def received(self, key: str) -> None: ...
 
     def sent_ahead(self, key: str) -> None: ...
+
+    def keep_lease(self, key: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -187,6 +190,7 @@ def enqueue(sender: Sender, jobs: Sequence[Job]) -> Sent:
             _broker_refused(settings, e)
             break
         out.sent.append(job.key)
+        sender.keep_lease(job.key)  # while it waits in its queue, however long
     return out
 
 
