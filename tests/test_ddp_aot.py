@@ -1,6 +1,13 @@
-"""DDPOptimizer's subgraphs through AOTAutograd's cache (codegen/ddp_aot.py), which stock
-torch bypasses for them: a DDP job on new machines loads every subgraph instead of tracing it
-again. On CPU: real redis-server, a real --cpu-only worker, torchrun with two gloo ranks.
+"""A DDP job as users run it (torchrun, two gloo ranks, each on its own cache dirs, the model
+defined in the script): each subgraph generated once for the whole job, and new machines
+loading every DDPOptimizer subgraph through AOTAutograd's cache (codegen/ddp_aot.py), which
+stock torch bypasses for them, instead of tracing it again. On CPU: real redis-server, the
+session's real --cpu-only worker.
+
+One cold job serves every test here (the ``cold`` fixture, a minute and more of a 2-core
+machine): what it did is asserted on the counters and builds it left, and each test that runs
+a second job starts from the cache it left (restore_cache). It was two jobs of the same shape
+in two modules (test_user_scripts held the cold job's own lines), two minutes of the suite.
 """
 
 from __future__ import annotations
@@ -17,11 +24,12 @@ from compileq.cache.store import RedisStore
 from compileq.codegen import ddp_aot
 from compileq.config import Settings
 from tests.conftest import Env, RedisServer, Worker, restore_cache, stats
-from tests.scripts import LLAMA, ColdJob, cold_job, run_script
+from tests.scripts import LLAMA, ColdJob, cold_job, fx_builds, overlapping, run_script
+from tests.test_fx_remote import COMPILES
 
-#: Three DDP buckets, so DDPOptimizer compiles three subgraphs per rank. Not the width of
-#: test_user_scripts.py's DDP job: the session's worker would hold its kernels already, and
-#: that test checks that cold codegens overlap, which builds served from its disk do not.
+#: Wide enough for DDP to split the model into three buckets (DDPOptimizer: three subgraphs),
+#: and a width no other test compiles: the session's worker must not hold these graphs on its
+#: disk already, since the cold job's codegens are checked to overlap.
 DDP = ("--width", "120", "--layers", "4", "--bucket-mb", "1")
 TRACING = "aot_trace_joint_graph"
 
@@ -40,7 +48,34 @@ def cold(
     return cold_job(env, redis_server.client(), tmp, "cold", LLAMA, *DDP, nproc=2)
 
 
-def test_a_ddp_job_on_new_machines_loads_every_subgraph_and_traces_none(
+def test_a_cold_ddp_job_generates_each_subgraph_once_on_the_worker_with_its_codegens_overlapping(
+    env: Env, cold: ColdJob, clean_cache: redis.Redis, tmp_path: Path
+) -> None:
+    restore_cache(clean_cache, cold.left)
+    first = cold.run
+    for rank in first.ranks:
+        assert rank["matches_eager"] is True, rank
+    counters = stats(env, tmp_path)
+    graphs = first.ranks[0]["graphs"]
+    assert graphs == 6  # forward and backward of three DDP buckets
+    assert first.ranks[1]["graphs"] == graphs
+    # One codegen per distinct graph for the whole job: the other rank found each graph, or
+    # its job in flight, and generated nothing itself.
+    assert counters["fx_remote_compiles"] == graphs
+    assert counters["fx_local_compiles"] == 0 and counters["fallbacks"] == 0
+    # Each bucket's forward compile went on without waiting for its worker (deferred.py), and
+    # every forward's output strides were the traced ones: no frame was compiled twice.
+    assert counters["ddp_forwards_deferred"] >= graphs // 2
+    assert counters["ddp_forward_mispredictions"] == 0
+    # Each bucket's backward went to the worker beside the later forwards (speculative.py):
+    # sent ahead by the rank that sent its forward, the other finding that job in flight or
+    # done. (A rank already in its backward pass may ask for a bucket's backward before the
+    # other sends it ahead: then that one is sent by its lazy compile, once.)
+    assert 1 <= counters["fx_sent_ahead"] <= graphs // 2
+    assert overlapping(fx_builds(env, tmp_path)) >= graphs // 2
+
+
+def test_a_ddp_job_on_new_machines_loads_every_subgraph_traces_none_and_compiles_nothing(
     env: Env, cold: ColdJob, clean_cache: redis.Redis, tmp_path: Path
 ) -> None:
     restore_cache(clean_cache, cold.left)
@@ -53,11 +88,14 @@ def test_a_ddp_job_on_new_machines_loads_every_subgraph_and_traces_none(
     # the second rank to trace a subgraph finds its record stored.
     assert before["ddp_subgraph_records"] == subgraphs == len(records(clean_cache))
 
+    # The same job again on fresh local dirs, as on new machines: nothing compiles anywhere.
     second = run_script(env, tmp_path, "new", LLAMA, *DDP, nproc=2)
     after = stats(env, tmp_path)
     assert after["ddp_subgraph_loads"] == 2 * subgraphs  # both ranks, every one
     assert after["ddp_subgraph_records"] == before["ddp_subgraph_records"]
-    assert after["fx_remote_compiles"] == before["fx_remote_compiles"]
+    assert {c: after[c] for c in COMPILES} == {c: before[c] for c in COMPILES}
+    assert after["kernel_local_compiles"] == before["kernel_local_compiles"]
+    assert after["fx_hits"] - before["fx_hits"] == 4 * subgraphs  # both ranks, every graph
     assert after["fallbacks"] == 0
     for old, new in zip(first.ranks, second.ranks, strict=True):
         assert new["matches_eager"] is True, new

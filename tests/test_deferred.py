@@ -1,7 +1,7 @@
 """A DDP subgraph's forward compile goes on while its worker generates it
 (codegen/deferred.py). On CPU: real redis-server, a real --cpu-only worker, torchrun with two
 gloo ranks, real torch.compile (the job that defers and checks every forward is in
-tests/test_user_scripts.py; here, what happens when a check fails, and the checks themselves).
+tests/test_ddp_aot.py; here, what happens when a check fails, and the checks themselves).
 
 "Trains right" is the script's own check: an eager copy of the model takes the same steps in
 each rank, and losses and parameters must match it (``matches_eager``). A stock job beside

@@ -1,6 +1,6 @@
 """Speculative backward codegen (codegen/speculative.py), on CPU: a training graph's backward
 is sent to the worker when AOTAutograd partitions it, so the worker generates it while the
-forward is generated and run (a DDP job's buckets: tests/test_user_scripts.py). Real
+forward is generated and run (a DDP job's buckets: tests/test_ddp_aot.py). Real
 redis-server, a real --cpu-only worker, real torch.compile.
 """
 
