@@ -42,7 +42,8 @@ demo: setup
 # Two pytest processes (pytest-xdist): alone, a test keeps 1.1 of 2 cores busy (it waits on its
 # worker and its client in turn); two at once keep both busy. On the 2-core CI machine the suite
 # took 47 min instead of 66, 43 once the Slurm walkthrough moved to test-all, 41.6 with the
-# shared ISA verdicts and smaller jobs (tests/conftest.py, issue 36's note). Which
+# shared ISA verdicts and smaller jobs (tests/conftest.py, issue 36's note), 38.7 in CI with
+# the process groups working, 39.8 here with one DDP job pair fewer (images cached). Which
 # tests share a process (the Docker ones; those sharing a cold job) is tests/conftest.ONE_PROCESS,
 # whose scheduler replaces --dist's. TEST_PROCESSES=0 runs the suite in one process.
 TEST_PROCESSES ?= 2
