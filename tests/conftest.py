@@ -49,6 +49,7 @@ LONG_FIRST = (
     "test_demo",
     "test_load",
     "test_ddp_aot",
+    "test_lease_keeper",
     "test_broker",
     "test_stack",
     "test_fx_remote",

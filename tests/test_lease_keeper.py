@@ -16,8 +16,10 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
 import redis
 
 from compileq import keys
@@ -43,52 +45,55 @@ _LEASE_S = _DEADLINE_S + 1
 _EXITING_S = 8.0
 
 
+_SECRET = SECRET.encode()
+
+
+@pytest.fixture
+def db(redis_server: RedisServer) -> redis.Redis:
+    """The session's Redis, on a database emptied for this test."""
+    client = redis_server.client(_LONELY_DB)
+    client.flushdb()
+    return client
+
+
 def test_a_building_worker_renews_only_a_live_signed_lease_and_keeps_it_the_senders(
-    redis_server: RedisServer,
+    db: redis.Redis,
 ) -> None:
-    db = redis_server.client(_LONELY_DB)
-    db.flushdb()
-    secret = SECRET.encode()
-    assert take_many(db, ["b"], "sender", _LEASE_S * 1000, secret=secret) == [True]
+    assert take_many(db, ["b"], "sender", _LEASE_S * 1000, secret=_SECRET) == [True]
     for _ in range(2 * _LEASE_S):  # twice its signed life, renewed every second
         time.sleep(1.0)
-        assert extend(db, "b", secret) == _LEASE_S * 1000
+        assert extend(db, "b", _SECRET) == _LEASE_S * 1000
     value = db.get(keys.lock("b"))
     assert isinstance(value, bytes) and value.startswith(b"sender|")  # still the sender's
-    assert take_many(db, ["b"], "other", 5_000, secret=secret) == [False]
+    assert take_many(db, ["b"], "other", 5_000, secret=_SECRET) == [False]
     assert release(db, "b", "sender")  # the sender's own release still finds it
     # Nothing renewed: no lease, one whose signed life is over, another secret's, a planted
     # value (each left as it was).
     db.set(
         keys.lock("old"),
-        signed_value(secret, "old", "gone", server_ms(db) - 5_000, 2_000),
+        signed_value(_SECRET, "old", "gone", server_ms(db) - 5_000, 2_000),
         px=3_600_000,
     )
     db.set(keys.lock("f"), signed_value(b"other", "f", "x", server_ms(db), 60_000), px=60_000)
     db.set(keys.lock("p"), b"planted", px=60_000)
-    assert [extend(db, k, secret) for k in ("b", "old", "f", "p")] == [0, 0, 0, 0]
+    assert [extend(db, k, _SECRET) for k in ("b", "old", "f", "p")] == [0, 0, 0, 0]
     assert db.get(keys.lock("p")) == b"planted"
 
 
 def test_a_sender_keeps_its_sent_jobs_lease_until_the_worker_drops_it_and_no_longer(
-    redis_server: RedisServer,
+    db: redis.Redis,
 ) -> None:
-    db = redis_server.client(_LONELY_DB)
-    db.flushdb()
-    secret = SECRET.encode()
     names = ["queued", "settled", "lapsed", "old"]
-    assert take_many(db, names, "sender", _LEASE_S * 1000, secret=secret) == [True] * 4
-    kept = Leases(db, ttl_s=_LEASE_S, max_hold_s=3 * _LEASE_S, secret=secret, owner="sender")
+    assert take_many(db, names, "sender", _LEASE_S * 1000, secret=_SECRET) == [True] * 4
+    kept = Leases(db, ttl_s=_LEASE_S, max_hold_s=3 * _LEASE_S, secret=_SECRET, owner="sender")
     for name in names[:3]:
         kept.keep(name)
     db.delete(keys.lock("lapsed"))  # lapsed while Redis was away, and taken by another
-    assert take_many(db, ["lapsed"], "other", 60_000, secret=secret) == [True]
+    assert take_many(db, ["lapsed"], "other", 60_000, secret=_SECRET) == [True]
     taken_by_other = db.get(keys.lock("lapsed"))
 
     time.sleep(2 * _LEASE_S)  # twice the lease's signed life
-    now = server_ms(db)
-    assert honoured(secret, "queued", db.get(keys.lock("queued")) or b"", now)
-    assert honoured(secret, "settled", db.get(keys.lock("settled")) or b"", now)
+    assert _lease_live(db, "queued") and _lease_live(db, "settled")
     assert not db.exists(keys.lock("old"))  # never kept: lapsed
     assert db.get(keys.lock("lapsed")) == taken_by_other  # another's: left alone
     assert sorted(kept.held()) == ["queued", "settled"]
@@ -108,56 +113,30 @@ def test_a_job_built_past_its_senders_lease_keeps_the_lease_and_is_built_once(
     # The sender waits 1 s (its lease: 2 s), then compiles the graph itself; the worker goes
     # on generating it for many seconds more. Its backward, sent ahead, is asked for again by
     # the lazy backward compile once the forward is done: long after 2 s.
-    proc = subprocess.Popen(
-        compileq_cmd(
-            "run",
-            "--",
-            sys.executable,
-            str(LLAMA),
-            "--layers",
-            "2",
-            "--width",
-            "72",
-            "--rank-caches",
-            str(tmp_path / "job"),
-        ),
-        env=env.vars(
-            COMPILEQ_DEADLINE_S=str(_DEADLINE_S),
-            TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "launcher"),
-        ),
-        stdout=subprocess.DEVNULL,
-        stderr=(tmp_path / "stderr").open("w"),
-    )
-    secret = SECRET.encode()
-    first_seen: dict[str, float] = {}
-    kept = lapsed = 0
+    proc = _start_script(env, tmp_path, "--layers", "2", "--width", "72")
+    watch = _Watch()
     ends = time.monotonic() + 600
-    # Every job still open (sent, not yet settled) older than its sender's lease, whose
-    # output is not stored yet: being built (the worker keeps its lease), or still in the
+    # Every job still open is being built (the worker keeps its lease), or still in the
     # queue behind the worker's other builds (the sender keeps it, while the sender lives).
+    exited = time.monotonic()  # when the sender was last seen alive
     while time.monotonic() < ends and (proc.poll() is None or _open_jobs(clean_cache)):
-        now = time.monotonic()
-        for key in _open_jobs(clean_cache):
-            first_seen.setdefault(key, now)
-            if now - first_seen[key] < _LEASE_S + 1 or clean_cache.exists(key):
-                continue
-            sender_alive = proc.poll() is None
-            value = clean_cache.get(keys.lock(key))
-            live = value is not None and honoured(secret, key, value, server_ms(clean_cache))
-            kept, lapsed = kept + live, lapsed + (not live and sender_alive)
+        alive = proc.poll() is None
+        exited = time.monotonic() if alive else exited
+        watch.look(clean_cache, sender_alive=alive)
         time.sleep(0.2)
     proc.wait(timeout=60)
     assert proc.returncode == 0, (tmp_path / "stderr").read_text()[-3000:]
-    assert first_seen, "no FX job was sent"
+    assert watch.first_seen, "no FX job was sent"
     # Leases seen live past their sender's lifetime: only renewals do that; and none lapsed
     # while its sender lived, queued or building.
-    assert kept > 0, f"no lease outlived its sender's {_LEASE_S} s ({lapsed} lapsed)"
-    assert lapsed == 0, f"{lapsed} leases of open jobs lapsed while their sender lived"
+    assert watch.live > 0, f"no lease outlived its sender's {_LEASE_S} s ({watch.lapsed})"
+    early = watch.lapsed_before(exited)
+    assert early == [], f"{len(early)} leases of open jobs lapsed while their sender lived"
     # No graph generated twice on the worker: none was sent again while it was built.
     log = worker.log.read_text()
-    assert all(log.count(f"generated graph {key} ") <= 1 for key in first_seen), first_seen
-    assert stats(env, tmp_path)["fx_remote_compiles"] <= len(first_seen)
-    assert all(clean_cache.exists(key) for key in first_seen)  # every output stored
+    assert all(log.count(f"generated graph {key} ") <= 1 for key in watch.first_seen)
+    assert stats(env, tmp_path)["fx_remote_compiles"] <= len(watch.first_seen)
+    assert all(clean_cache.exists(key) for key in watch.first_seen)  # every output stored
     assert not list(clean_cache.scan_iter(match=keys.LOCK + "*"))  # every lease dropped
 
 
@@ -173,53 +152,24 @@ def test_a_job_queued_past_its_senders_lease_keeps_the_lease_while_its_sender_li
         # Its signed record outlives its beats (it expires with the worker's own TTL).
         for record in clean_cache.scan_iter(match=keys.worker_info("*")):
             clean_cache.persist(record)
-        proc = subprocess.Popen(
-            compileq_cmd(
-                "run",
-                "--",
-                sys.executable,
-                str(LLAMA),
-                *("--layers", "1", "--width", "56"),
-                *("--rank-caches", str(tmp_path / "job")),
-            ),
-            env=env.vars(
-                COMPILEQ_DEADLINE_S=str(_DEADLINE_S),
-                COMPILEQ_HEARTBEAT_TTL_S="300",
-                TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "launcher"),
-            ),
-            stdout=subprocess.DEVNULL,
-            stderr=(tmp_path / "stderr").open("w"),
+        proc = _start_script(
+            env, tmp_path, "--layers", "1", "--width", "56", COMPILEQ_HEARTBEAT_TTL_S="300"
         )
-        secret = SECRET.encode()
-        first_seen: dict[str, float] = {}
-        checked, lapsed = 0, []
+        watch = _Watch()
         ends = time.monotonic() + 600
         while time.monotonic() < ends and proc.poll() is None:
-            now = time.monotonic()
-            for key in _open_jobs(clean_cache):
-                first_seen.setdefault(key, now)
-                if now - first_seen[key] < _LEASE_S + 1 or clean_cache.exists(key):
-                    continue
-                value = clean_cache.get(keys.lock(key))
-                live = value is not None and honoured(secret, key, value, server_ms(clean_cache))
-                if proc.poll() is None:  # judged while its sender lives
-                    checked += 1
-                    if not live:
-                        lapsed.append((key, now))
+            watch.look(clean_cache, sender_alive=True)
             time.sleep(0.2)
         exited = time.monotonic()
         proc.wait(timeout=60)
     finally:
         os.kill(main, signal.SIGCONT)
     assert proc.returncode == 0, (tmp_path / "stderr").read_text()[-3000:]
-    assert first_seen, "no FX job was sent"
-    assert checked > 0, "no job was seen queued past its lease"
+    assert watch.first_seen, "no FX job was sent"
+    assert watch.live + len(watch.lapsed) > 0, "no job was seen queued past its lease"
     # Before senders kept their leases, each of these had lapsed: anyone asking then sent
     # the job again, and both messages were built.
-    # A sender stops renewing as it exits (its last lease lapses within 2 s of its last
-    # renewal; a torch process takes a few seconds to finish exiting): only lapses well before
-    # it ended count.
-    early = sorted({key for key, seen in lapsed if seen < exited - _EXITING_S})
+    early = watch.lapsed_before(exited)
     assert early == [], f"{len(early)} queued jobs' leases lapsed while their sender lived"
     # The worker, going on, takes each queued job (the script compiled its graphs itself,
     # into Inductor's own cache, so the worker's output is still wanted) and builds it once.
@@ -228,7 +178,59 @@ def test_a_job_queued_past_its_senders_lease_keeps_the_lease_while_its_sender_li
         time.sleep(0.5)
     assert not _open_jobs(clean_cache)
     log = worker.log.read_text()
-    assert all(log.count(f"generated graph {key} ") == 1 for key in first_seen), first_seen
+    assert all(log.count(f"generated graph {key} ") == 1 for key in watch.first_seen)
+
+
+def _start_script(env: Env, tmp_path: Path, *args: str, **more: str) -> subprocess.Popen[bytes]:
+    """The script-defined model under ``compileq run`` with a 1 s deadline, on fresh dirs."""
+    return subprocess.Popen(
+        compileq_cmd(
+            "run",
+            "--",
+            *(sys.executable, str(LLAMA), *args),
+            *("--rank-caches", str(tmp_path / "job")),
+        ),
+        env=env.vars(
+            COMPILEQ_DEADLINE_S=str(_DEADLINE_S),
+            TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "launcher"),
+            **more,
+        ),
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "stderr").open("w"),
+    )
+
+
+@dataclass
+class _Watch:
+    """What became of the leases of FX jobs open (sent, not settled, no output stored) for
+    longer than their sender's lease: how many looks found one live, and which lapsed, when,
+    while their sender lived."""
+
+    first_seen: dict[str, float] = field(default_factory=dict)
+    live: int = 0
+    lapsed: list[tuple[str, float]] = field(default_factory=list)
+
+    def look(self, client: redis.Redis, *, sender_alive: bool) -> None:
+        now = time.monotonic()
+        for key in _open_jobs(client):
+            self.first_seen.setdefault(key, now)
+            if now - self.first_seen[key] < _LEASE_S + 1 or client.exists(key):
+                continue
+            if _lease_live(client, key):
+                self.live += 1
+            elif sender_alive:
+                self.lapsed.append((key, now))
+
+    def lapsed_before(self, exited: float) -> list[str]:
+        """The keys whose lease lapsed before the sender's last ``_EXITING_S``: a sender stops
+        renewing as it exits (a torch process takes a few seconds to finish exiting, and its
+        last leases lapse within 2 s of their last renewal)."""
+        return sorted({key for key, seen in self.lapsed if seen < exited - _EXITING_S})
+
+
+def _lease_live(client: redis.Redis, key: str) -> bool:
+    value = client.get(keys.lock(key))
+    return value is not None and honoured(_SECRET, key, value, server_ms(client))
 
 
 def _worker_process(worker: Worker) -> int:

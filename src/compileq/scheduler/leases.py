@@ -298,16 +298,28 @@ class Leases:
                     if now - since > self._max_hold_s:
                         del self._held[key]
                 live = list(self._held)
-            for key in live:
-                with contextlib.suppress(redis.RedisError):
-                    if not self._renew(key):  # gone, or another's since a lapse: not ours
-                        with self._lock:
+            with contextlib.suppress(redis.RedisError):
+                renewed = self._renew_many(live)
+                with self._lock:  # gone, or another's since a lapse: not ours to keep
+                    for key, ours in zip(live, renewed, strict=True):
+                        if not ours:
                             self._held.pop(key, None)
 
     def _renew(self, key: str) -> bool:
         """Sign ``key``'s lease again with Redis's time now, if this owner still holds it:
         the proof of life that keeps a waiter from taking it over."""
-        value = signed_value(self._secret, key, self.owner, server_ms(self._client), self._ttl_ms)
-        return bool(
-            self._refresh_one(keys=[keys.lock(key)], args=[self.owner, value, self._ttl_ms])
-        )
+        return self._renew_many([key])[0]
+
+    def _renew_many(self, names: Sequence[str]) -> list[bool]:
+        """``_renew`` for each of ``names``, in one round trip after Redis's time: a client
+        keeps every job it sent (hundreds of kernels in a cold job) on this one thread."""
+        if not names:
+            return []
+        now = server_ms(self._client)
+        pipe = self._client.pipeline(transaction=False)
+        for name in names:
+            value = signed_value(self._secret, name, self.owner, now, self._ttl_ms)
+            self._refresh_one(
+                keys=[keys.lock(name)], args=[self.owner, value, self._ttl_ms], client=pipe
+            )
+        return [bool(r) for r in pipe.execute()]

@@ -15,9 +15,9 @@ dropped connection, a failover, an evicted message). One deadline rule: a wait g
 ``deadline_s`` after it was asked for, once the store, read then, still lacks the output; a
 lease lasts that long and a second more, and its sender renews it while the job waits in its
 queue (``KernelClient.keep_lease``), its worker while it builds: a slow job is never sent
-again by another process while its sender or its worker lives. After a Redis failure the leases this process still
-holds are orphans (``KernelClient.orphan_lease``), handed back once Redis answers again, so
-nobody else waits out their expiry.
+again by another process while its sender or its worker lives. After a Redis failure the
+leases this process still holds are orphans (``KernelClient.orphan_lease``), handed back once
+Redis answers again, so nobody else waits out their expiry.
 
 Whatever goes wrong, the caller builds the output itself; ``Fallback`` says why, with its
 reason typed (``fallback.py``). Two ways to wait share these steps: blocking, for a set of
