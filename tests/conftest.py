@@ -109,6 +109,38 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))
 
 
+#: ``COMPILEQ_TEST_CPU_LOG=FILE``: each test's wall time and the CPU seconds of its pytest
+#: process and of the processes it started and reaped (clients, workers, redis-servers), one
+#: JSON line per test. A test whose CPU is far below its wall time waits (failovers, leases,
+#: heartbeats) rather than works: what decides how many pytest processes the 2 cores take.
+_CPU_LOG = os.environ.get("COMPILEQ_TEST_CPU_LOG")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    if not _CPU_LOG:
+        yield
+        return
+    import resource
+
+    def cpu() -> tuple[float, float]:
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
+
+    wall, (own, children) = time.monotonic(), cpu()
+    yield
+    wall, (own_after, children_after) = time.monotonic() - wall, cpu()
+    line = {
+        "test": item.nodeid,
+        "wall": round(wall, 2),
+        "own": round(own_after - own, 2),
+        "children": round(children_after - children, 2),
+    }
+    with open(_CPU_LOG, "a") as log:
+        log.write(json.dumps(line) + "\n")
+
+
 def start_redis(workdir: Path) -> RedisServer:
     if shutil.which("redis-server") is None:
         if os.environ.get("CI"):

@@ -35,6 +35,7 @@ from compileq.scheduler.leases import (
 )
 from tests.conftest import SECRET, Env, Worker, compileq_cmd, stats
 from tests.scripts import LLAMA
+from tests.test_faults import wait_for
 
 #: A database no worker heartbeats into and no other test uses.
 _LONELY_DB = 13
@@ -137,7 +138,13 @@ def test_a_job_built_past_its_senders_lease_keeps_the_lease_and_is_built_once(
     assert all(log.count(f"generated graph {key} ") <= 1 for key in watch.first_seen)
     assert stats(env, tmp_path)["fx_remote_compiles"] <= len(watch.first_seen)
     assert all(clean_cache.exists(key) for key in watch.first_seen)  # every output stored
-    assert not list(clean_cache.scan_iter(match=keys.LOCK + "*"))  # every lease dropped
+    # Every lease dropped, once the worker has settled every job: the graphs' C++ objects
+    # too, which it may still be building behind them when the last graph is done (a suite
+    # run on the 2-core machine caught one C++ lease held then, rightly).
+    wait_for(
+        lambda: not list(clean_cache.scan_iter(match=keys.JOB + "*")), 300, "every job settled"
+    )
+    assert not list(clean_cache.scan_iter(match=keys.LOCK + "*"))
 
 
 def test_a_job_queued_past_its_senders_lease_keeps_the_lease_while_its_sender_lives(

@@ -37,6 +37,8 @@ from tests.reliability import Recorder
 from tests.test_faults import wait_for
 
 LOAD_DB = 9
+#: The full size's workers; CI's instance runs two (each worker start is about 10 s of a core
+#: importing torch, and two already make every kernel a race between workers).
 WORKERS = 4
 
 
@@ -79,6 +81,7 @@ def run_load(
     clients: int,
     per_client: int,
     copies: int,
+    worker_count: int = WORKERS,
 ) -> tuple[str, int]:
     """Run the load; return what was observed and how many requests were lost."""
     pool = kernel_pool(copies)
@@ -98,17 +101,25 @@ def run_load(
         manifests[-1].write_text("".join(json.dumps(row) + "\n" for row in window))
     assert requested == {row["name"] for row in pool}
 
-    with ThreadPoolExecutor(WORKERS) as starter:
+    with ThreadPoolExecutor(worker_count) as starter:
         workers: list[Worker] = list(
             starter.map(
                 lambda i: start_worker(lenv, tmp / f"w{i}", "--concurrency", "1"),
-                [tmp.joinpath(f"w{i}").mkdir() or i for i in range(WORKERS)],
+                [tmp.joinpath(f"w{i}").mkdir() or i for i in range(worker_count)],
             )
         )
     procs: list[subprocess.Popen[str]] = []
     try:
         queue = next(db.scan_iter(match=keys.WORKERS + keys.QUEUE_PREFIX + "*"))  # kernel queue
-        wait_for(lambda: db.zcard(queue) == WORKERS, 120, f"{WORKERS} live workers")
+        wait_for(
+            lambda: db.zcard(queue) == worker_count,
+            120,
+            f"{worker_count} live workers",
+            lambda: {
+                key: db.zrange(key, 0, -1, withscores=True)
+                for key in db.scan_iter(match=keys.WORKERS + "*")
+            },
+        )
         started = time.monotonic()
         for i, manifest in enumerate(manifests):
             procs.append(
@@ -147,7 +158,7 @@ def run_load(
     compiles = counters["kernel_remote_compiles"] + counters["kernel_local_compiles"]
     p50, p99 = percentile(latencies, 50), percentile(latencies, 99)
     summary = (
-        f"{clients} clients x {per_client} kernels ({len(pool)} unique) against {WORKERS} "
+        f"{clients} clients x {per_client} kernels ({len(pool)} unique) against {worker_count} "
         f"workers: {resolved} resolved, {wrong} wrong or failed; {compiles} compiles "
         f"({counters['kernel_remote_compiles']} remote, {counters['kernel_local_compiles']} "
         f"local), fallbacks={counters['fallbacks']}; per-kernel latency p50 {p50:.0f} ms, "
@@ -164,12 +175,14 @@ def run_load(
     return summary, clients * per_client - resolved + wrong
 
 
-def test_eight_clients_sharing_kernels_get_every_one_built_exactly_once(
+def test_six_clients_sharing_kernels_on_two_workers_get_every_one_built_exactly_once(
     redis_server: RedisServer, env: Env, tmp_path: Path, reliability: Recorder
 ) -> None:
-    observed, lost = run_load(redis_server, env, tmp_path, clients=8, per_client=30, copies=2)
+    observed, lost = run_load(
+        redis_server, env, tmp_path, clients=6, per_client=30, copies=2, worker_count=2
+    )
     reliability.record(
-        "load (CI size): 8 client processes x 30 overlapping kernels, 4 workers",
+        "load (CI size): 6 client processes x 30 overlapping kernels, 2 workers",
         "zero lost; exactly one compile per unique key; no fallback; p50/p99 reported",
         observed,
         lost,

@@ -1,7 +1,8 @@
 """Training scripts as users write them, on CPU: the model's classes in the script run as
 ``__main__`` or in a module the worker cannot import, and DDP under torchrun with each rank on
 its own cache dirs (a DDP job's own lines are test_ddp_aot's, on the one cold job they
-share). Real redis-server, a real --cpu-only worker, real torch.compile.
+share; FSDP2's one-codegen-per-graph, no-fallback line is test_training_configs', on its cold
+jobs). Real redis-server, a real --cpu-only worker, real torch.compile.
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ from tests.scripts import LLAMA, code_diff, output_code, run_script
 
 #: A small model: two graphs (forward, backward), one block (a quarter less time than two).
 SMALL = ("--layers", "1")
-#: FSDP2 shards each block: two of them.
-TWO_BLOCKS = ("--layers", "2")
 
 
 def test_a_model_defined_in_the_script_is_generated_on_the_worker_as_the_client_would(
@@ -64,22 +63,6 @@ def test_a_model_module_on_the_clients_path_but_not_the_workers_is_generated_rem
     counters = stats(env, tmp_path)
     assert counters["fx_remote_compiles"] == run.ranks[0]["graphs"] == 2
     assert counters["fx_local_compiles"] == 0 and counters["fallbacks"] == 0
-
-
-def test_an_fsdp2_job_generates_each_graph_once_on_the_worker_with_no_fallback(
-    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
-) -> None:
-    # fully_shard per block, as FSDP2's docs show: its hooks break the model into several
-    # graphs per rank, each with DTensor-backed parameters and FSDP's own classes nearby.
-    run = run_script(env, tmp_path, "fsdp", LLAMA, *TWO_BLOCKS, "--fsdp", nproc=2)
-    for rank in run.ranks:
-        assert rank["matches_eager"] is True, rank
-    graphs = run.ranks[0]["graphs"]
-    assert graphs >= 2 and run.ranks[1]["graphs"] == graphs
-    counters = stats(env, tmp_path)
-    assert counters["fx_remote_compiles"] == graphs  # one codegen per graph for both ranks
-    assert counters["fx_local_compiles"] == 0 and counters["fallbacks"] == 0
-    assert counters["fx_hits"] >= graphs
 
 
 def test_a_script_importing_inductor_internals_first_still_runs_and_generates_remotely(
