@@ -43,7 +43,10 @@ demo: setup
 # worker and its client in turn); two at once keep both busy. On the 2-core CI machine the suite
 # took 47 min instead of 66, 43 once the Slurm walkthrough moved to test-all, 41.6 with the
 # shared ISA verdicts and smaller jobs (tests/conftest.py, issue 36's note), 38.7 in CI with
-# the process groups working, 39.8 here with one DDP job pair fewer (images cached). Which
+# the process groups working, 39.8 here with one DDP job pair fewer (images cached), 42.5 here
+# from empty images with one FSDP2 job fewer and a smaller load test (43.7 before). The 2 cores
+# are saturated throughout (vmstat: 0% idle), so a third process only slows every test: the
+# suite's time is its CPU, two-thirds of it fresh processes importing torch. Which
 # tests share a process (the Docker ones; those sharing a cold job) is tests/conftest.ONE_PROCESS,
 # whose scheduler replaces --dist's. TEST_PROCESSES=0 runs the suite in one process.
 TEST_PROCESSES ?= 2
