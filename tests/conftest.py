@@ -111,8 +111,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 #: ``COMPILEQ_TEST_CPU_LOG=FILE``: each test's wall time and the CPU seconds of its pytest
 #: process and of the processes it started and reaped (clients, workers, redis-servers), one
-#: JSON line per test. A test whose CPU is far below its wall time waits (failovers, leases,
-#: heartbeats) rather than works: what decides how many pytest processes the 2 cores take.
+#: JSON line per test. A process is counted when it is reaped: a session fixture's worker
+#: lands on the test whose teardown stops it (the last of its pytest process), and a
+#: daemon (the local cluster, dockerd) on none. For the whole machine, process accounting
+#: (Debian's acct) tells more.
 _CPU_LOG = os.environ.get("COMPILEQ_TEST_CPU_LOG")
 
 

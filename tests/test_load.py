@@ -34,6 +34,7 @@ from tests.conftest import (
     stop_worker,
 )
 from tests.reliability import Recorder
+from tests.scripts import LOADED_DEADLINE_S
 from tests.test_faults import wait_for
 
 LOAD_DB = 9
@@ -130,7 +131,7 @@ def run_load(
                         TORCHINDUCTOR_CACHE_DIR=str(tmp / f"c{i}-inductor"),
                         # Generous: on a loaded 2-core machine the queue is long, and a
                         # deadline miss here would be a duplicate compile, not a finding.
-                        COMPILEQ_DEADLINE_S="600",
+                        COMPILEQ_DEADLINE_S=LOADED_DEADLINE_S,
                     ),
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,

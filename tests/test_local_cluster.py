@@ -24,6 +24,7 @@ import pytest
 import redis
 
 from tests.conftest import compileq_cmd
+from tests.scripts import LOADED_DEADLINE_S
 from tests.test_fx_remote import COMPILES
 
 #: A model defined in the script itself, compiled on CPU: a forward and a backward graph.
@@ -131,7 +132,7 @@ class Local:
             str(script),
             TORCHINDUCTOR_CACHE_DIR=str(dirs / "inductor"),
             TRITON_CACHE_DIR=str(dirs / "triton"),
-            COMPILEQ_DEADLINE_S="600",
+            COMPILEQ_DEADLINE_S=LOADED_DEADLINE_S,
         )
 
     def stats(self) -> dict[str, Any]:
