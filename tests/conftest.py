@@ -24,6 +24,7 @@ from compileq import keys, localstack
 from compileq.cache.counters import COUNTER_KEYS, reset_counters
 from compileq.config import Settings
 from compileq.localstack import RedisServer, stop
+from tests import compiler_cache
 
 #: The `reliability` fixture and `--reliability-report` (docs/RELIABILITY.md).
 pytest_plugins = ("tests.reliability",)
@@ -141,6 +142,41 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     }
     with open(_CPU_LOG, "a") as log:
         log.write(json.dumps(line) + "\n")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Put the suite's compiler cache (tests/compiler_cache.py) first on every test process's
+    PATH. Done once, by the controller (or the only process): pytest-xdist's processes start
+    after this and inherit it, so the two share one cache."""
+    if os.environ.get("COMPILEQ_TEST_CXX_CACHE") == "0" or compiler_cache.DIR_VAR in os.environ:
+        return
+    real = shutil.which("g++")
+    if real is None:
+        return
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="compileq-suite-cxx-"))
+    (root / "bin").mkdir()
+    shim = root / "bin" / "g++"
+    script = Path(compiler_cache.__file__).resolve()
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -I -S "{script}" "{real}" "$@"\n')
+    shim.chmod(0o755)
+    os.environ[compiler_cache.DIR_VAR] = str(root)
+    os.environ["PATH"] = f"{root / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
+    config.stash[_CXX_CACHE] = root
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    root = config.stash.get(_CXX_CACHE, None)
+    if root is not None:
+        log = root / "log"
+        if log.exists():
+            words = log.read_text().split()
+            print(f"\ncompiler cache: {words.count('hit')} hits, {words.count('miss')} builds")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+_CXX_CACHE = pytest.StashKey[Path]()
 
 
 def start_redis(workdir: Path) -> RedisServer:
