@@ -38,6 +38,10 @@ import tempfile
 #: those (``Env.vars``), and this must reach every process a test starts.
 DIR_VAR = "SUITE_CXX_CACHE_DIR"
 
+#: For a process whose compiles must take their real time (a test of what happens while a
+#: worker is still probing its CPU): its ``g++`` runs the compiler every time.
+OFF = {DIR_VAR: ""}
+
 #: Environment variables GCC reads that change what it builds.
 _COMPILER_ENV = (
     "CPATH",

@@ -30,6 +30,7 @@ from compileq.cache import liveness
 from compileq.config import Settings, child_env
 from compileq.localstack import RedisServer
 from compileq.workers.heartbeat import Heartbeat
+from tests import compiler_cache
 from tests.conftest import (
     CPU_ONLY,
     FIXTURES,
@@ -207,6 +208,8 @@ def test_a_client_waits_for_a_starved_worker_still_probing_its_cpu_and_the_graph
                     **env.vars(
                         TRITON_CACHE_DIR=str(tmp_path / "worker-triton"),
                         TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "worker-inductor"),
+                        # Its probes must take the time real compiles take: the subject here.
+                        **compiler_cache.OFF,
                     ),
                 },
                 stdout=out_w,

@@ -14,9 +14,12 @@ __version__ = "0.1.0"
 def install(settings: Any = None, *, fx: bool | None = None) -> bool:
     """Route torch.compile's builds through compileq; ``fx=True`` also its graph codegen
     (default: the ``COMPILEQ_FX`` setting)."""
-    from compileq.features import install as _install
+    from compileq._gc import collector_paused
 
-    return _install(settings, fx=fx)
+    with collector_paused():  # its first call imports Inductor: see compileq/_gc.py
+        from compileq.features import install as _install
+
+        return _install(settings, fx=fx)
 
 
 def uninstall() -> None:

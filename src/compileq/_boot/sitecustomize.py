@@ -56,7 +56,10 @@ class _InstallWhenInductorLoads(importlib.abc.MetaPathFinder):
         run_module = spec.loader.exec_module
 
         def exec_module(module: ModuleType) -> None:
-            run_module(module)
+            from compileq._gc import collector_paused
+
+            with collector_paused():  # the rest of Inductor's import: compileq/_gc.py
+                run_module(module)
             try:
                 import compileq
 

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from compileq._gc import collector_paused
 from compileq._laps import Laps
 from compileq._log import log
 from compileq.errors import ConfigError
@@ -74,17 +75,19 @@ def main(argv: list[str] | None = None) -> int:
     # dump goes through logging and its signal handler, which a hung shutdown can block.
     faulthandler.register(signal.SIGUSR2, all_threads=True)
     args = _parse_args(argv)
-    try:
-        settings = _prepare_process(args)
-    except ConfigError as e:  # a setting it can never start with: once, not for ever
-        from compileq import flags
+    with collector_paused():
+        try:
+            settings = _prepare_process(args)
+        except ConfigError as e:  # a setting it can never start with: once, not for ever
+            from compileq import flags
 
-        print(f"compileq worker: error: {e}", file=sys.stderr)
-        return flags.CONFIG_EXIT
-    times.lap("compileq imports")
-    # Triton's cross-compile driver only where GPU targets are named: a --cpu-only worker
-    # without --arch serves this CPU's C++ objects and graphs only.
-    preload(args.cpu_only and bool(args.targets))
+            print(f"compileq worker: error: {e}", file=sys.stderr)
+            return flags.CONFIG_EXIT
+        times.lap("compileq imports")
+        # Triton's cross-compile driver only where GPU targets are named: a --cpu-only worker
+        # without --arch serves this CPU's C++ objects and graphs only.
+        preload(args.cpu_only and bool(args.targets))
+    gc.collect()  # what the imports left, before the freeze below keeps it for good
     times.lap("torch imports")
     targets, toolchains = _kernel_toolchains(args.targets)
     times.lap("kernel toolchains")
