@@ -44,7 +44,9 @@ demo: setup
 # took 47 min instead of 66, 43 once the Slurm walkthrough moved to test-all, 41.6 with the
 # shared ISA verdicts and smaller jobs (tests/conftest.py, issue 36's note), 38.7 in CI with
 # the process groups working, 39.8 here with one DDP job pair fewer (images cached), 42.5 here
-# from empty images with one FSDP2 job fewer and a smaller load test (43.7 before). The 2 cores
+# from empty images with one FSDP2 job fewer and a smaller load test (43.7 before), 39.7 and 41.4 with
+# the suite's compiler cache (tests/compiler_cache.py: half the C++ builds) and the collector
+# paused while processes import torch (src/compileq/_gc.py). The 2 cores
 # are saturated throughout (vmstat: 0% idle), so a third process only slows every test: the
 # suite's time is its CPU, two-thirds of it fresh processes importing torch. Which
 # tests share a process (the Docker ones; those sharing a cold job) is tests/conftest.ONE_PROCESS,

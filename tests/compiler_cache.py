@@ -60,8 +60,8 @@ _MAX_ENTRY_BYTES = 512 * 2**20
 
 def key(compiler: str, args: list[str]) -> str | None:
     """The command's key, or None where it is not cached (no ``-o``, a version query)."""
-    if "-o" not in args or any(a in ("--version", "-v", "-###", "-") for a in args):
-        return None
+    if "-o" not in args[:-1] or any(a in ("--version", "-v", "-###", "-") for a in args):
+        return None  # no output to keep (or a malformed line g++ itself should answer)
     h = hashlib.sha256()
     st = os.stat(compiler)
     h.update(f"{os.path.realpath(compiler)}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())

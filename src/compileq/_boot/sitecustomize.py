@@ -56,10 +56,13 @@ class _InstallWhenInductorLoads(importlib.abc.MetaPathFinder):
         run_module = spec.loader.exec_module
 
         def exec_module(module: ModuleType) -> None:
-            from compileq._gc import collector_paused
-
-            with collector_paused():  # the rest of Inductor's import: compileq/_gc.py
+            try:
+                from compileq._gc import collector_paused
+            except Exception:  # never break the user's import
                 run_module(module)
+            else:
+                with collector_paused():  # the rest of Inductor's import: compileq/_gc.py
+                    run_module(module)
             try:
                 import compileq
 
