@@ -89,14 +89,13 @@ def main(argv: list[str]) -> int:
     k = key(compiler, args) if root else None
     if k is None:
         os.execv(compiler, [compiler, *args])
-    assert k is not None
     out = args[args.index("-o") + 1]
     entry = os.path.join(root, k[:2], k)
     if os.path.isfile(entry):
         _copy(entry, out)
         _log(root, "hit", k)
         return 0
-    import subprocess
+    import subprocess  # here, not at the top: a hit never needs it, and every hit imports this
 
     done = subprocess.run([compiler, *args])
     if done.returncode == 0 and os.path.isfile(out) and os.path.getsize(out) <= _MAX_ENTRY_BYTES:
