@@ -46,8 +46,9 @@ from tests.reliability import Recorder
 GPT = FIXTURES / "gpt_head.jsonl"
 #: Its own database (and so its own broker queues): the session's worker must not take the jobs.
 _DB = 2
-#: How long the cores stay saturated: every busy loop ends itself then.
-_BUSY_S = 25.0
+#: How long the cores stay saturated: every busy loop ends itself then. Five lifetimes of a
+#: heartbeat (_TTL_S) and some sixty censuses; 25 s cost the CPU-bound suite 25 s more.
+_BUSY_S = 15.0
 _TTL_S = 3.0  # conftest's Env: a beat every 0.5 s, dead after 3 s
 
 _BUSY_LOOP = "import time\nend = time.monotonic() + {s}\nwhile time.monotonic() < end:\n    pass\n"

@@ -17,7 +17,7 @@ from compileq.cache.store import RedisStore
 from compileq.config import Settings
 from compileq.fingerprint import torch_identity
 from compileq.localstack import RedisServer
-from tests.conftest import SECRET, Env, Worker, run_cli
+from tests.conftest import SECRET, Env, Worker, run_cli, stats
 
 DB = 12
 
@@ -92,6 +92,9 @@ def test_stats_list_workers_per_toolchain_with_their_real_toolchain(
     for r in rows:
         assert f"torch {version}" in r["toolchain"], r
         assert "None" not in r["toolchain"], r
+    # The suite's stats() reads in this process what the command prints.
+    read = stats(env, tmp_path)
+    assert read.keys() == values.keys() and read["toolchains"] == rows, (read, values)
     text = run_cli(env, "stats", tmp=tmp_path).stdout
     assert "None" not in text and f"torch {version}" in text, text
     assert re.search(r"workers: [1-9]\d* live, per toolchain:", text), text
