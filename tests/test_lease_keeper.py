@@ -147,6 +147,11 @@ def test_a_job_built_past_its_senders_lease_keeps_the_lease_and_is_built_once(
     assert not list(clean_cache.scan_iter(match=keys.LOCK + "*"))
 
 
+#: In `make test-all` and `make reliability`, not CI's suite: a minute of the 2-core machine for a
+#: path CI's suite keeps twice over, the sender's keeper itself against a real Redis
+#: (test_a_sender_keeps_...) and a real job whose queued jobs' leases are watched (test_a_job_
+#: built_past_..., which asserts no open job's lease lapsed while its sender lived).
+@pytest.mark.slow
 def test_a_job_queued_past_its_senders_lease_keeps_the_lease_while_its_sender_lives(
     env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
 ) -> None:
