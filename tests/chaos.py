@@ -159,7 +159,7 @@ class Soak:
         seconds: float,
         workdir: Path,
         part: Partition | None,
-        between: tuple[float, float] = BETWEEN_S,
+        between: tuple[float, float],
     ) -> None:
         #: Two streams from the seed, so that the faults' order and timing never depend on
         #: how fast the jobs ran (and the widths, drawn under the lock, on job order only).
@@ -598,7 +598,7 @@ def soak(
     workdir: Path,
     part: Partition | None,
     why: str,
-    between: tuple[float, float] = BETWEEN_S,
+    between: tuple[float, float],
 ) -> Report:
     s = Soak(seed, seconds, workdir, part, between)
     if part is None:

@@ -440,19 +440,15 @@ def stats(env: Env, tmp: Path) -> dict[str, Any]:
     the CPU-bound 2-core machine. The command is run by test_stats_table (which checks it
     prints what this returns), test_explain and test_cli_input."""
     del tmp
+    from unittest import mock
+
     from compileq.cache.stats import snapshot
     from compileq.cache.store import RedisStore
     from compileq.config import load_settings
     from compileq.connect import redis_client
 
-    saved = dict(os.environ)
-    try:
-        os.environ.clear()
-        os.environ.update(env.vars())
+    with mock.patch.dict(os.environ, env.vars(), clear=True):  # the command's environment
         settings = load_settings()
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
     client = redis_client(settings.redis_url, settings)
     try:
         values = snapshot(RedisStore(client, settings), settings)
