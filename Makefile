@@ -57,7 +57,10 @@ demo: setup
 # paused while processes import torch (src/compileq/_gc.py), 33.8 and 34.6 on Debian's
 # Python instead of pyenv's (PYTHON above) with a shorter chaos run, stats() read in process
 # and three long variants moved to test-all (the second run on a machine measured 10% slower
-# than the first: Inductor's import 7.7-8.1 s of CPU against 7.0-7.2). The 2 cores
+# than the first: Inductor's import 7.7-8.1 s of CPU against 7.0-7.2), then 33.3 for that code
+# and 29.2 with two long tests to test-all (their paths kept in CI), the lease test's job on one
+# block and every module of half a minute ahead of the short ones (31.5 on the machine slowed
+# again: the same import 8.0-8.7 s). The 2 cores
 # are saturated throughout (vmstat: 4-8% idle on average), so a third process only slows every test: the
 # suite's time is its CPU, two-thirds of it fresh processes importing torch. Which
 # tests share a process (the Docker ones; those sharing a cold job) is tests/conftest.ONE_PROCESS,
@@ -68,9 +71,11 @@ test: setup docker
 	$(VENV)/bin/lint-imports --no-logo
 	$(PYTEST)
 
-# Everything `make test` runs, and the tests marked slow (pyproject's markers): the full-size
-# load test, the training-configuration cells whose path a CI cell shares (compiled optimizer,
-# FSDP2 over the whole model, a length marked dynamic), the Slurm walkthrough.
+# Everything `make test` runs, and the tests marked slow (pyproject's markers), each with a
+# shorter test on its path in CI: the full-size load test, the training-configuration cells a
+# CI cell shares (compiled optimizer, FSDP2 over the whole model, a length marked dynamic),
+# the Slurm walkthrough, a job queued past its sender's lease, a DDP job's padded activations,
+# two pipeline stages' merged profile.
 test-all: setup docker
 	$(VENV)/bin/lint-imports --no-logo
 	$(PYTEST) -m 'slow or not slow'

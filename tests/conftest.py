@@ -64,6 +64,26 @@ LONG_FIRST = (
     "test_cpp_fanout",
     "test_faults",
     "test_graph_cache",
+    # Then the modules of half a minute or more: listed, or the last in name order
+    # (test_workers, test_wrong_secret) ran on one process for a minute after the other had
+    # finished (47 s apart, the 2-core machine). Short tests, test_cli_input's 81 above all,
+    # are what is left for the end, where they even out the two processes' last minutes.
+    "test_bench",
+    "test_metrics_progress",
+    "test_poisoning_starvation",
+    "test_fingerprint",
+    "test_explain",
+    "test_doctor",
+    "test_ops_junk",
+    "test_workers",
+    "test_security",
+    "test_wrong_secret",
+    "test_inductor_hook",
+    "test_triton_modules",
+    "test_triton_binaries",
+    "test_worker_cpu_only",
+    "test_outage_graphs",
+    "test_gc_window",
 )
 
 
@@ -115,7 +135,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 #: JSON line per test. A process is counted when it is reaped: a session fixture's worker
 #: lands on the test whose teardown stops it (the last of its pytest process), and a
 #: daemon (the local cluster, dockerd) on none. For the whole machine, process accounting
-#: (Debian's acct) tells more.
+#: (Debian's acct) tells more, and each line's ``pid`` and ``end`` let its records be
+#: matched to tests.
 _CPU_LOG = os.environ.get("COMPILEQ_TEST_CPU_LOG")
 
 
@@ -139,6 +160,10 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         "wall": round(wall, 2),
         "own": round(own_after - own, 2),
         "children": round(children_after - children, 2),
+        # Which pytest process ran it and when it ended: process accounting's records (pid,
+        # parent, start time) then say which processes each test started.
+        "pid": os.getpid(),
+        "end": round(time.time(), 1),
     }
     with open(_CPU_LOG, "a") as log:
         log.write(json.dumps(line) + "\n")

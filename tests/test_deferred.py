@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import redis
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -64,6 +65,10 @@ def test_a_forward_that_fails_its_check_makes_the_frame_compile_again_as_stock_a
         assert rank["matches_eager"] is True, rank
 
 
+#: In `make test-all`: a two-rank job of its own, a minute and a quarter of the 2-core machine.
+#: CI keeps its path: which saved activations take the real strides (the unit tests below) and
+#: every deferred forward checked in a real DDP job (tests/test_ddp_aot.py's cold job).
+@pytest.mark.slow
 def test_a_forward_whose_saved_activations_come_back_padded_keeps_its_frame_and_trains_right(
     env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
 ) -> None:

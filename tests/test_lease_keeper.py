@@ -114,7 +114,7 @@ def test_a_job_built_past_its_senders_lease_keeps_the_lease_and_is_built_once(
     # The sender waits 1 s (its lease: 2 s), then compiles the graph itself; the worker goes
     # on generating it for many seconds more. Its backward, sent ahead, is asked for again by
     # the lazy backward compile once the forward is done: long after 2 s.
-    proc = _start_script(env, tmp_path, "--layers", "2", "--width", "72")
+    proc = _start_script(env, tmp_path, "--layers", "1", "--width", "72")
     watch = _Watch()
     ends = time.monotonic() + 600
     # Every job still open is being built (the worker keeps its lease), or still in the

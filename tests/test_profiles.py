@@ -11,7 +11,9 @@ import pytest
 import redis
 
 from compileq import keys
-from compileq.inductor.profiles import PROFILE
+from compileq.cache.store import RedisStore
+from compileq.config import Settings
+from compileq.inductor.profiles import PROFILE, _merge_into, profile_key
 from tests.conftest import Env, RedisServer, Worker, restore_cache, stats
 from tests.scripts import LLAMA, ColdJob, cold_job, run_script
 
@@ -106,6 +108,59 @@ def test_a_tampered_truncated_or_oversized_profile_is_ignored_counted_and_the_jo
     assert stats(env, tmp_path)["profile_rejected"] == 3
 
 
+def _profile(*artifacts: tuple[str, str, bytes]) -> bytes:
+    """A profile as ``torch.compiler.save_cache_artifacts`` writes one, holding ``artifacts``
+    (kind, key, content): torch's own recorder and serializer, as a process at exit."""
+    from torch.compiler._cache import CacheArtifactManager
+
+    CacheArtifactManager._ensure_cache_artifacts_registered()
+    with CacheArtifactManager.with_fresh_cache():
+        for kind, key, content in artifacts:
+            CacheArtifactManager.record_artifact(kind, key, content)
+        saved = CacheArtifactManager.serialize()
+    assert saved is not None
+    return saved[0]
+
+
+def _artifacts(profile: bytes) -> list[tuple[str, str, bytes]]:
+    from torch.compiler._cache import CacheArtifactManager
+
+    read = CacheArtifactManager.deserialize(profile)
+    assert read is not None
+    return sorted((kind, a.key, a.content) for kind, found in read.items() for a in found)
+
+
+def test_profiles_saved_by_two_processes_of_a_job_merge_into_one_holding_each_artifact_once(
+    settings: Settings, clean_cache: redis.Redis
+) -> None:
+    # What two pipeline stages save at exit: a graph each, and an AOTAutograd entry both have.
+    stage0 = _profile(("inductor", "g0", b"graph 0"), ("aot_autograd", "a", b"aot"))
+    stage1 = _profile(("inductor", "g1", b"graph 1"), ("aot_autograd", "a", b"aot"))
+    store = RedisStore(clean_cache, settings)
+    name = profile_key("pipeline")
+    _merge_into(store, name, stage0)
+    _merge_into(store, name, stage1)
+    stored = store.get_many([name])[0]
+    assert stored is not None
+    assert _artifacts(stored.payload()) == [
+        ("aot_autograd", "a", b"aot"),
+        ("inductor", "g0", b"graph 0"),
+        ("inductor", "g1", b"graph 1"),
+    ]
+    assert not list(clean_cache.scan_iter(match=keys.LOCK + "*"))  # the merge's lease dropped
+    # A stored profile torch cannot read (another torch's, or junk under a valid seal) is
+    # replaced by this process's own, never merged into or failed on.
+    store.replace(name, b"not a profile")
+    _merge_into(store, name, stage0)
+    stored = store.get_many([name])[0]
+    assert stored is not None and stored.payload() == stage0
+
+
+#: In `make test-all`: two cold jobs and two new machines, a minute and a half of the 2-core
+#: machine. CI keeps both halves of its path: the merge of two processes' profiles under the
+#: job's lease in Redis (the test above) and a new machine loading a job's profile
+#: (test_a_new_machine_loads_the_jobs_profile_...).
+@pytest.mark.slow
 def test_processes_of_one_job_compiling_different_graphs_share_one_merged_profile(
     env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
 ) -> None:
