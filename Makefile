@@ -58,7 +58,7 @@ demo: setup
 # Python instead of pyenv's (PYTHON above) with a shorter chaos run, stats() read in process
 # and three long variants moved to test-all (the second run on a machine measured 10% slower
 # than the first: Inductor's import 7.7-8.1 s of CPU against 7.0-7.2), then 33.3 for that code
-# and 29.2 with two long tests to test-all (their paths kept in CI), the lease test's job on one
+# and 29.2 and 29.4 with two long tests to test-all (their paths kept in CI), the lease test's job on one
 # block and every module of half a minute ahead of the short ones (31.5 on the machine slowed
 # again: the same import 8.0-8.7 s). The 2 cores
 # are saturated throughout (vmstat: 4-8% idle on average), so a third process only slows every test: the
