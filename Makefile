@@ -52,19 +52,19 @@ demo: setup
 # took 47 min instead of 66, 43 once the Slurm walkthrough moved to test-all, 41.6 with the
 # shared ISA verdicts and smaller jobs (tests/conftest.py, issue 36's note), 38.7 in CI with
 # the process groups working, 39.8 here with one DDP job pair fewer (images cached), 42.5 here
-# from empty images with one FSDP2 job fewer and a smaller load test (43.7 before), 39.7 and 41.4 with
-# the suite's compiler cache (tests/compiler_cache.py: half the C++ builds) and the collector
-# paused while processes import torch (src/compileq/_gc.py), 33.8 and 34.6 on Debian's
-# Python instead of pyenv's (PYTHON above) with a shorter chaos run, stats() read in process
-# and three long variants moved to test-all (the second run on a machine measured 10% slower
-# than the first: Inductor's import 7.7-8.1 s of CPU against 7.0-7.2), then 33.3 for that code
-# and 29.2 and 29.4 with two long tests to test-all (their paths kept in CI), the lease test's job on one
-# block and every module of half a minute ahead of the short ones (31.5 on the machine slowed
-# again: the same import 8.0-8.7 s). The 2 cores
-# are saturated throughout (vmstat: 4-8% idle on average), so a third process only slows every test: the
-# suite's time is its CPU, two-thirds of it fresh processes importing torch. Which
-# tests share a process (the Docker ones; those sharing a cold job) is tests/conftest.ONE_PROCESS,
-# whose scheduler replaces --dist's. TEST_PROCESSES=0 runs the suite in one process.
+# from empty images with one FSDP2 job fewer and a smaller load test (43.7 before), 39.7 and
+# 41.4 with the suite's compiler cache (tests/compiler_cache.py: half the C++ builds) and the
+# collector paused while processes import torch (src/compileq/_gc.py), 33.8 and 34.6 on
+# Debian's Python instead of pyenv's (PYTHON above) with a shorter chaos run, stats() read in
+# process and three long variants moved to test-all (the second run on a machine measured 10%
+# slower than the first: Inductor's import 7.7-8.1 s of CPU against 7.0-7.2), then 33.3 for
+# that code and 29.2 and 29.4 with two long tests to test-all (their paths kept in CI), the
+# lease test's job on one block and every module of half a minute ahead of the short ones
+# (31.5 on the machine slowed again: the same import 8.0-8.7 s). The 2 cores are saturated
+# throughout (vmstat: 3-8% idle on average), so a third process only slows every test: the
+# suite's time is its CPU, two-thirds of it fresh processes importing torch. Which tests share
+# a process (the Docker ones; those sharing a cold job) is tests/conftest.ONE_PROCESS, whose
+# scheduler replaces --dist's. TEST_PROCESSES=0 runs the suite in one process.
 TEST_PROCESSES ?= 2
 PYTEST := $(PY) -m pytest -q --durations=30 -n $(TEST_PROCESSES) --dist loadscope
 test: setup docker
