@@ -171,3 +171,30 @@ def test_a_second_entry_into_a_patch_of_torch_2_11s_kind_enters_a_new_patch_of_i
     with mode, pytest.raises(AssertionError, match="entered twice"):  # without compileq's help
         inner_compile("backward")
     assert config.max_autotune == before
+
+
+def test_a_convolution_nets_backward_is_sent_with_the_strides_its_forward_saved(
+    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
+) -> None:
+    run = run_client(env, tmp_path, "conv", CLIENTS / "conv_cpu.py")
+    assert run.result["matches_eager"] is True
+    counters = stats(env, tmp_path)
+    assert counters["fx_sent_ahead"] == 1
+    assert counters["fx_remote_compiles"] == 2, counters
+    assert counters["fx_local_compiles"] == 0 and counters["fallbacks"] == 0
+
+
+def test_a_backward_sent_ahead_whose_saved_activations_come_back_padded_is_sent_again(
+    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
+) -> None:
+    # Inductor pads the forward's saved activation (its rows are 1,032 floats), which nothing
+    # predicts before the forward is generated: the backward sent ahead has the traced strides,
+    # and is sent again with the padded ones once the forward is compiled.
+    run = run_client(env, tmp_path, "padded", CLIENTS / "padded_cpu.py")
+    assert run.result["matches_eager"] is True
+    counters = stats(env, tmp_path)
+    # forward, the backward sent ahead, and the one sent again; the lazy compile loaded that
+    # one and sent nothing of its own.
+    assert counters["fx_sent_ahead"] == 2, counters
+    assert counters["fx_remote_compiles"] == 3, counters
+    assert counters["fx_local_compiles"] == 0 and counters["fallbacks"] == 0

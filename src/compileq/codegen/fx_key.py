@@ -17,9 +17,11 @@ Inductor computed it (it names the device index, and is not handed to codegen).
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Sequence
 from typing import Any
 
+from compileq._log import log
 from compileq.inductor import index_free
 
 
@@ -38,6 +40,10 @@ def graph_key(
         details = FxGraphHashDetails(gm, example_inputs, graph_kwargs, inputs_to_check)
         pickler = FxGraphCachePickler(gm, len(details.user_defined_triton_source) != 0)
         index_free.normalise_pickler(pickler, gm, index)
-        return hashlib.sha256(pickler.dumps(details)).hexdigest()
+        key = hashlib.sha256(pickler.dumps(details)).hexdigest()
+        if log.isEnabledFor(logging.DEBUG):  # which part of two graphs' keys differs
+            lines: list[str] = getattr(pickler, "debug_lines", lambda _: [])(details)
+            log.debug("compileq: graph %s hashes:\n  %s", key, "\n  ".join(lines))
+        return key
     except Exception:  # BypassFxGraphCache and anything that refuses to pickle
         return None

@@ -70,7 +70,8 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
         remote_mark.mark_remote(False)
         self._stock_ran = False
         try:
-            self._route_and_key(gm, example_inputs, inputs_to_check, graph_kwargs)
+            _, graph_key = self._route_and_key(gm, example_inputs, inputs_to_check, graph_kwargs)
+            log.debug("compileq: graph %s (backward: %s)", graph_key, _backward(graph_kwargs))
             strides = deferred.assumed(gm, example_inputs, graph_kwargs)
             if strides is None:
                 return super().codegen_and_compile(
@@ -136,6 +137,7 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
                 job = None if serialized is None else self._job(route, serialized[0], graph_key)
                 if job is not None and roundtrip.send_ahead(client, job):
                     client.store.count({Counter.FX_SENT_AHEAD: 1})
+                    log.debug("compileq: backward %s sent ahead", graph_key)
         except Exception as e:
             log.debug("compileq: backward not sent ahead: %s: %s", type(e).__name__, e)
         raise speculative.Sent
@@ -245,3 +247,7 @@ class _ClientOutput(_WireProtocolPickledOutput):  # type: ignore[misc]
                 device_index.move_graph(graph, 0, self.index)
             graph.after_deserialization(constants)
         return result
+
+
+def _backward(graph_kwargs: Any) -> bool:
+    return isinstance(graph_kwargs, dict) and bool(graph_kwargs.get("is_backward"))

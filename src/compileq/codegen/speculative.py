@@ -22,8 +22,12 @@ What keeps this safe:
   exactly what it would have done; nothing is counted as a fallback).
 - The job key is Inductor's FX-graph hash of the backward as the lazy compile will see it, plus
   the codegen state (donated buffers) read from the same tracing context. If the lazy compile
-  sees another graph (the forward restrided a saved activation, ``retain_graph`` turned donation
-  off, a recompile), its key differs and it sends its own job: only the worker's time is lost.
+  sees another graph (``retain_graph`` turned donation off, a recompile), its key differs and it
+  sends its own job: only the worker's time is lost.
+- Saved activations whose strides the compiled forward changed (Inductor's layout optimization
+  of a convolution net, its padding): AOTAutograd restrides the backward's inputs once the
+  forward is compiled, and that is when such a backward is sent, or sent again with them
+  (:func:`_prepared_then_send_backward`): it generates while the process traces the next graph.
 - No FX-graph lease is taken: the job's own lease gives single flight across ranks, and a lease
   held until a backward that may never run would make other processes wait for nothing.
 - Run inside the forward's compile, it sets aside what Inductor keeps per compile
@@ -68,23 +72,30 @@ class _Pending:
     fw_metadata: Any
     #: Under DDPOptimizer: sent when the subgraph's fake run ends, not inside the forward.
     ddp: bool = False
+    #: The partition's forward graph: whether Inductor will lay its activations out anew.
+    fw_module: Any = None
     #: The forward missed every cache and its job went to a worker: the backward is worth
     #: sending (a forward compiled here, with no worker, makes speculation pure cost).
     forward_sent: bool = False
     sent: bool = False
+    #: The backward's example inputs as the lazy compile will take them (AOTAutograd's
+    #: ``placeholder_list``, restrided to the forward's real strides), once the forward is
+    #: compiled; until then the partition's traced ones.
+    inputs: list[Any] | None = None
 
-    def send(self) -> None:
+    def send(self, *, again: bool = False) -> None:
         """Run the backward compile as the lazy one will (grad and autocast off, named
-        "backward", on a copy, with the partition's example inputs) until its job is sent;
-        once. Inside the forward's compile or not, with Inductor's per-compile state set
-        aside; any error only means nothing was sent."""
+        "backward", on a copy, with its example inputs) until its job is sent; once, or
+        ``again`` with inputs restrided since. Inside the forward's compile or not, with
+        Inductor's per-compile state set aside; any error only means nothing was sent."""
         import torch
         from torch._functorch._aot_autograd.logging_utils import track_graph_compiling
         from torch.fx.experimental.symbolic_shapes import fx_placeholder_vals
 
-        if self.sent:
+        if self.sent and not again:
             return
         self.sent = True
+        inputs = self.inputs if self.inputs is not None else fx_placeholder_vals(self.bw_module)
         started = time.perf_counter()
         try:
             FEATURE.patch_cache_lookup()
@@ -99,7 +110,7 @@ class _Pending:
                 track_graph_compiling(self.aot_config, "backward"),
                 suppress(Sent),
             ):
-                self.compiler(module_copy, fx_placeholder_vals(self.bw_module))
+                self.compiler(module_copy, inputs)
             log.debug("compileq: backward sent ahead in %.3fs", time.perf_counter() - started)
         except Exception as e:  # speculation may be lost, never the compile it rides on
             warn_once(
@@ -155,6 +166,10 @@ class Speculative(Feature):
             return
         self.patches.wrap(module, "_aot_stage2a_partition", _partition_then_send_backward)
         self.patches.wrap(module, "aot_stage2_autograd", _stage2_with_backward_compiler)
+        if callable(getattr(module, "_aot_stage2b_bw_compile", None)):
+            self.patches.wrap(module, "_aot_stage2b_bw_compile", _prepared_then_send_backward)
+        else:
+            log.info("compileq: this torch's AOTAutograd differs; a restrided backward is lazy")
         self.patches.after_import(_DISTRIBUTED, self._patch_ddp)
 
     def _patch_ddp(self, module: Any) -> None:
@@ -232,7 +247,7 @@ def _backward_of(result: Any, args: list[Any]) -> _Pending | None:
     inner = (
         None if fw_metadata is None else graph_compile._get_inner_meta(subclass_meta, fw_metadata)
     )
-    return _Pending(bw_module, compiler, aot_config, inner)
+    return _Pending(bw_module, compiler, aot_config, inner, fw_module=result[0])
 
 
 def _hold(pending: _Pending) -> None:
@@ -266,8 +281,75 @@ def forward_sent() -> None:
     if pending is None or speculating():
         return
     pending.forward_sent = True
-    if not pending.ddp:
+    if not pending.ddp and not _lays_out_anew(pending.fw_module):
         pending.send()
+
+
+def _lays_out_anew(fw_module: Any) -> bool:
+    """Whether Inductor will choose its own layout for this forward's activations (its layout
+    optimization: a convolution net's go channels-last; always so on CPU with oneDNN). The
+    activations it saves for the backward then come back with strides the partition did not
+    trace, AOTAutograd restrides the backward's inputs to them, and a backward sent with the
+    traced ones is another graph: a worker's codegen lost (timm's ResNet on two H100s: 24
+    codegens for 16 graphs, every backward generated again at its first call). Such a backward
+    is sent once its forward is compiled, with the strides it saved
+    (:func:`_prepared_then_send_backward`): it then generates while this process goes on to the
+    next graph, not beside its own forward. Asked only once a forward went to a worker: a
+    warm start never pays for it. Wrong either way costs one codegen or one overlap, never a
+    wrong graph.
+    """
+    if fw_module is None:
+        return False
+    try:
+        from torch._inductor.graph import GraphLowering
+
+        return bool(GraphLowering.decide_layout_opt(fw_module, is_inference=False))
+    except Exception as e:  # another torch's heuristic: send as for any graph
+        log.debug("compileq: layout not predicted (%s: %s)", type(e).__name__, e)
+        return False
+
+
+def _prepared_then_send_backward(original: Callable[..., Any]) -> Callable[..., Any]:
+    """AOTAutograd's backward preparation after the forward's compile: it restrides the
+    backward's example inputs to the strides the compiled forward saved them with
+    (``fwd_output_strides``) and keeps them for the lazy compile. Those are the inputs a
+    backward must be sent with: a forward whose layout Inductor chose sends it now; one sent
+    ahead with traced strides that turned out otherwise (padding) is sent again. Under
+    DDPOptimizer the send stays at the end of the subgraph's fake run, with these inputs."""
+
+    def bw_compile(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        pending: _Pending | None = getattr(_thread, "pending", None)
+        if pending is None or speculating():
+            return result
+        try:
+            _prepared(pending, result)
+        except Exception as e:  # speculation may be lost, never the compile
+            warn_once(
+                "speculate", "compileq: backward not sent ahead (%s: %s)", type(e).__name__, e
+            )
+        return result
+
+    return bw_compile
+
+
+def _prepared(pending: _Pending, result: Any) -> None:
+    from torch.fx.experimental.symbolic_shapes import fx_placeholder_vals
+
+    lazy, compiled = result if isinstance(result, tuple) and len(result) == 2 else (None, None)
+    inputs = getattr(lazy, "placeholder_list", None)
+    if compiled is not None or not isinstance(inputs, list):
+        return  # compiled already (symbolic sizes saved), or another torch's layout
+    pending.inputs = inputs
+    if pending.ddp or not pending.forward_sent:
+        return
+    if not pending.sent:
+        pending.send()
+        return
+    traced = fx_placeholder_vals(pending.bw_module)
+    # AOTAutograd replaces an input only where its strides differ (``as_strided``).
+    if len(traced) != len(inputs) or any(a is not b for a, b in zip(traced, inputs, strict=False)):
+        pending.send(again=True)
 
 
 @contextmanager
