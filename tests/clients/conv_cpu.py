@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 
 import torch
+from eager_check import step_matches_eager
 from torch import nn
 
 
@@ -28,16 +29,7 @@ class Net(nn.Module):
 
 def main() -> None:
     torch.manual_seed(0)
-    model, reference, x = Net(), Net(), torch.randn(2, 3, 16, 16)
-    reference.load_state_dict(model.state_dict())
-    eager = reference(x)
-    eager.sum().backward()
-    out = torch.compile(model)(x)
-    out.sum().backward()
-    same = torch.allclose(out, eager, atol=1e-4) and all(
-        torch.allclose(p.grad, q.grad, atol=1e-4)
-        for p, q in zip(model.parameters(), reference.parameters(), strict=True)
-    )
+    same = step_matches_eager(Net(), Net(), torch.randn(2, 3, 16, 16), atol=1e-4)
     print(json.dumps({"matches_eager": bool(same)}), flush=True)
 
 

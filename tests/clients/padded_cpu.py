@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 
 import torch
+from eager_check import step_matches_eager
 from torch import nn
 
 torch._inductor.config.disable_padding_cpu = False
@@ -30,16 +31,7 @@ class Mlp(nn.Module):
 
 def main() -> None:
     torch.manual_seed(0)
-    model, reference, x = Mlp(), Mlp(), torch.randn(4, 16)
-    reference.load_state_dict(model.state_dict())
-    eager = reference(x)
-    eager.sum().backward()
-    out = torch.compile(model)(x)
-    out.sum().backward()
-    same = torch.allclose(out, eager, atol=1e-5) and all(
-        torch.allclose(p.grad, q.grad, atol=1e-5)
-        for p, q in zip(model.parameters(), reference.parameters(), strict=True)
-    )
+    same = step_matches_eager(Mlp(), Mlp(), torch.randn(4, 16), atol=1e-5)
     print(json.dumps({"matches_eager": bool(same)}), flush=True)
 
 

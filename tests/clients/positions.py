@@ -12,6 +12,7 @@ import json
 import sys
 
 import torch
+from eager_check import step_matches_eager
 from torch import nn
 
 
@@ -30,16 +31,7 @@ def main() -> None:
     device = sys.argv[1] if len(sys.argv) > 1 else "cpu"
     torch.manual_seed(0)
     model, reference = Positional().to(device), Positional().to(device)
-    reference.load_state_dict(model.state_dict())
-    x = torch.randn(4, 24, 16, device=device)
-    eager_out = reference(x)
-    eager_out.sum().backward()
-    out = torch.compile(model)(x)
-    out.sum().backward()
-    same = torch.allclose(out, eager_out, atol=1e-4) and all(
-        torch.allclose(p.grad, q.grad, atol=1e-4)
-        for p, q in zip(model.parameters(), reference.parameters(), strict=True)
-    )
+    same = step_matches_eager(model, reference, torch.randn(4, 24, 16, device=device), atol=1e-4)
     import compileq.features as sched
 
     print(json.dumps({"matches_eager": same, "compileq": sched.installed_pool() is not None}))

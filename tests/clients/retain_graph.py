@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 import torch
+from eager_check import step_matches_eager
 from torch import nn
 
 
@@ -25,16 +26,7 @@ class Mlp(nn.Module):
 
 def main() -> None:
     torch.manual_seed(0)
-    model, reference, x = Mlp(), Mlp(), torch.randn(4, 32)
-    reference.load_state_dict(model.state_dict())
-    eager = reference(x)
-    eager.sum().backward(retain_graph=True)
-    out = torch.compile(model)(x)
-    out.sum().backward(retain_graph=True)
-    same = torch.allclose(out, eager, atol=1e-5) and all(
-        torch.allclose(p.grad, q.grad, atol=1e-5)
-        for p, q in zip(model.parameters(), reference.parameters(), strict=True)
-    )
+    same = step_matches_eager(Mlp(), Mlp(), torch.randn(4, 32), atol=1e-5, retain_graph=True)
     print(json.dumps({"matches_eager": bool(same)}), flush=True)
 
 
