@@ -19,6 +19,16 @@ from tests.test_fx_remote import run_client
 SMALL = ("--layers", "2")
 
 
+def speculated(env: Env, tmp_path: Path, client: str) -> dict[str, Any]:
+    """``compileq run`` of a client script (a model of its own, one training step): its step
+    equals eager's and nothing was compiled in the client or fell back; the counters after."""
+    run = run_client(env, tmp_path, client, CLIENTS / f"{client}.py")
+    assert run.result["matches_eager"] is True
+    counters = stats(env, tmp_path)
+    assert counters["fx_local_compiles"] == 0 and counters["fallbacks"] == 0, counters
+    return counters
+
+
 def test_a_graphs_backward_is_generated_on_the_worker_while_its_forward_is(
     env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
 ) -> None:
@@ -75,13 +85,10 @@ def test_a_backward_that_differs_from_the_one_sent_ahead_gets_its_own_job_and_is
 ) -> None:
     # retain_graph=True turns buffer donation off when the backward first runs, after the
     # graph was partitioned and its backward sent: the lazy compile keys another job.
-    run = run_client(env, tmp_path, "retain", CLIENTS / "retain_graph.py")
-    assert run.result["matches_eager"] is True
-    counters = stats(env, tmp_path)
+    counters = speculated(env, tmp_path, "retain_graph")
     assert counters["fx_sent_ahead"] == 1
     # forward, the backward sent ahead, and the backward as it ran: nothing compiled here.
     assert counters["fx_remote_compiles"] == 3
-    assert counters["fx_local_compiles"] == 0 and counters["fallbacks"] == 0
 
 
 def test_a_backward_sent_ahead_can_enter_the_mode_patch_its_forward_is_inside() -> None:
@@ -176,12 +183,9 @@ def test_a_second_entry_into_a_patch_of_torch_2_11s_kind_enters_a_new_patch_of_i
 def test_a_convolution_nets_backward_is_sent_with_the_strides_its_forward_saved(
     env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
 ) -> None:
-    run = run_client(env, tmp_path, "conv", CLIENTS / "conv_cpu.py")
-    assert run.result["matches_eager"] is True
-    counters = stats(env, tmp_path)
+    counters = speculated(env, tmp_path, "conv_cpu")
     assert counters["fx_sent_ahead"] == 1
     assert counters["fx_remote_compiles"] == 2, counters
-    assert counters["fx_local_compiles"] == 0 and counters["fallbacks"] == 0
 
 
 def test_a_backward_sent_ahead_whose_saved_activations_come_back_padded_is_sent_again(
@@ -190,11 +194,8 @@ def test_a_backward_sent_ahead_whose_saved_activations_come_back_padded_is_sent_
     # Inductor pads the forward's saved activation (its rows are 1,032 floats), which nothing
     # predicts before the forward is generated: the backward sent ahead has the traced strides,
     # and is sent again with the padded ones once the forward is compiled.
-    run = run_client(env, tmp_path, "padded", CLIENTS / "padded_cpu.py")
-    assert run.result["matches_eager"] is True
-    counters = stats(env, tmp_path)
+    counters = speculated(env, tmp_path, "padded_cpu")
     # forward, the backward sent ahead, and the one sent again; the lazy compile loaded that
     # one and sent nothing of its own.
     assert counters["fx_sent_ahead"] == 2, counters
     assert counters["fx_remote_compiles"] == 3, counters
-    assert counters["fx_local_compiles"] == 0 and counters["fallbacks"] == 0

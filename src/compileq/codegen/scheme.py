@@ -71,7 +71,9 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
         self._stock_ran = False
         try:
             _, graph_key = self._route_and_key(gm, example_inputs, inputs_to_check, graph_kwargs)
-            log.debug("compileq: graph %s (backward: %s)", graph_key, _backward(graph_kwargs))
+            log.debug(
+                "compileq: graph %s (backward: %s)", graph_key, graph_kwargs.get("is_backward")
+            )
             strides = deferred.assumed(gm, example_inputs, graph_kwargs)
             if strides is None:
                 return super().codegen_and_compile(
@@ -247,7 +249,3 @@ class _ClientOutput(_WireProtocolPickledOutput):  # type: ignore[misc]
                 device_index.move_graph(graph, 0, self.index)
             graph.after_deserialization(constants)
         return result
-
-
-def _backward(graph_kwargs: Any) -> bool:
-    return isinstance(graph_kwargs, dict) and bool(graph_kwargs.get("is_backward"))
