@@ -66,7 +66,8 @@ def test_a_forward_that_fails_its_check_makes_the_frame_compile_again_as_stock_a
 
 
 #: In `make test-all`: a two-rank job of its own, a minute and a quarter of the 2-core machine.
-#: CI keeps its path: which saved activations take the real strides (the unit tests below) and
+#: CI keeps its path: which saved activations take the real strides (the unit tests below),
+#: a backward sent again once restrided (test_speculative's padded client, one process) and
 #: every deferred forward checked in a real DDP job (tests/test_ddp_aot.py's cold job).
 @pytest.mark.slow
 def test_a_forward_whose_saved_activations_come_back_padded_keeps_its_frame_and_trains_right(
@@ -85,6 +86,13 @@ def test_a_forward_whose_saved_activations_come_back_padded_keeps_its_frame_and_
     assert grew["ddp_saved_restrided"] >= 2, grew
     assert grew.get("ddp_forward_mispredictions", 0) == 0, grew
     assert grew.get("fx_local_compiles", 0) == 0 and grew.get("fallbacks", 0) == 0, grew
+    # Each backward sent ahead with the traced strides was sent again with the real ones (by
+    # one rank; the other found that job), and its first call found that job: no backward
+    # generated a third time.
+    restrided = grew["ddp_saved_restrided"] // len(run.ranks)
+    assert restrided >= 1, grew
+    assert grew["fx_sent_ahead"] == grew["ddp_subgraph_records"] + restrided, grew
+    assert grew["fx_remote_compiles"] == 2 * grew["ddp_subgraph_records"] + restrided, grew
     assert "compiling this frame again" not in run.stderr, run.stderr[-3000:]
     for rank in run.ranks:
         assert rank["matches_eager"] is True, rank

@@ -23,7 +23,8 @@ are compared with the ones assumed:
   only to the backward, which is not compiled yet. Its example inputs are restrided to the real
   strides, exactly as AOTAutograd restrides them after a forward it waited for
   (``_aot_stage2b_bw_compile``), and the frame stands. (The backward sent ahead with the
-  traced strides, ``speculative``, is then another graph: it is generated at its first call.)
+  traced strides, ``speculative``, is then another graph: it is sent again with the real
+  ones, ``speculative.restrided``.)
 - Any other different, or a fetch failed: the frame's compile runs again with nothing
   deferred, as stock would run it (graphs the workers generated are FX-cache hits then), and
   nothing is deferred again in this process (``ddp_forward_mispredictions``). Slower, never
@@ -49,6 +50,7 @@ from typing import Any
 
 from compileq._log import log, warn_once
 from compileq.cache.counters import Counter
+from compileq.codegen import speculative
 from compileq.hooks.feature import Context, Feature
 
 _DISTRIBUTED = "torch._dynamo.backends.distributed"
@@ -82,6 +84,7 @@ class Saved:
             moved.append((i, value.as_strided(value.shape, stride)))
         for i, value in moved:
             self.placeholders[i] = value
+        speculative.restrided(self.placeholders)
         return True
 
 
