@@ -61,7 +61,8 @@ demo: setup
 # that code and 29.2 and 29.4 with two long tests to test-all (their paths kept in CI), the
 # lease test's job on one block and every module of half a minute ahead of the short ones
 # (31.5 on the machine slowed again: the same import 8.0-8.7 s), 29.0 with two speculation
-# tests more (CI took 31.3 for the code measured at 29.4 and 31.5 here). The 2 cores are
+# tests more and 32.6 for the same tests on a slower state (import 7.5 s; CI took 31.3 for
+# the code measured at 29.4 and 31.5 here). The 2 cores are
 # saturated throughout (vmstat: 3-8% idle on average), so a third process only slows every
 # test: the suite's time is its CPU, two-thirds of it fresh processes importing torch. Which
 # tests share a process (the Docker ones; those sharing a cold job) is
