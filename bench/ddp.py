@@ -152,6 +152,18 @@ def host_busy_s() -> float:
     return sum(times) - times.idle - getattr(times, "iowait", 0.0)
 
 
+def fx_builds(cluster: Cluster, since: float) -> list[list[float]]:
+    """The graph codegens recorded since ``since`` (Unix time): [start after it, seconds]."""
+    from compileq.cache import meta
+    from compileq.tasks.fx_jobs import FX
+
+    rows = meta.slowest(cluster.client(), FX, meta.SLOW_LEN)
+    spans = [
+        [round(r["started"] - since, 2), round(r["seconds"], 2)] for r in rows if "started" in r
+    ]
+    return sorted(s for s in spans if s[0] >= 0)
+
+
 def run_job(
     cluster: Cluster,
     workdir: Path,
@@ -236,6 +248,9 @@ def run_job(
         "saved_restrided": delta.get("ddp_saved_restrided", 0),
         "losses": [r["losses"] for r in ranks],
         "matches_eager": all(r["matches_eager"] for r in ranks),
+        # The workers' graph codegens of this job: start (s after launch) and seconds each,
+        # to see which ran beside which (a backward sent ahead beside its forward).
+        "fx_builds": fx_builds(cluster, launched),
         "phases": ranks[0].get("compile_phases", {}),
         # How busy the worker and the whole host were over the run (CPUs in use, on average).
         "worker_cpus_busy": round(worker_cpu / wall, 2),

@@ -202,7 +202,11 @@ def main(argv: list[str] | None = None) -> int:
         cluster.close()
         with (out / "matrix-logs.txt").open("w") as joined:  # one file: a device call returns few
             for log in sorted(workdir.glob("*.log")):
-                joined.write(f"==> {log.name} <==\n{log.read_text(errors='replace')[-20000:]}\n")
+                text = log.read_text(errors="replace")
+                # Every graph a worker generated (how long, which phases), then the tail.
+                graphs = [line for line in text.splitlines() if "generated graph" in line]
+                joined.write(f"==> {log.name} <==\n" + "".join(f"{g}\n" for g in graphs))
+                joined.write(f"{text[-20000:]}\n")
     (out / "matrix.md").write_text(render([results]))
     print((out / "matrix.md").read_text())
     return 0

@@ -12,17 +12,22 @@ from typing import Any
 import pytest
 import redis
 
-from tests.conftest import CLIENTS, Env, Worker, stats
+from compileq import keys
+from compileq.cache.store import RedisStore
+from compileq.config import Settings
+from compileq.tasks import fx_strides
+from tests.conftest import CLIENTS, Env, Worker, stats, wipe_cache
 from tests.scripts import LLAMA, fx_builds, overlapping, run_script
 from tests.test_fx_remote import run_client
 
 SMALL = ("--layers", "2")
 
 
-def speculated(env: Env, tmp_path: Path, client: str) -> dict[str, Any]:
-    """``compileq run`` of a client script (a model of its own, one training step): its step
-    equals eager's and nothing was compiled in the client or fell back; the counters after."""
-    run = run_client(env, tmp_path, client, CLIENTS / f"{client}.py")
+def speculated(env: Env, tmp_path: Path, client: str, run_name: str = "") -> dict[str, Any]:
+    """``compileq run`` of a client script (a model of its own, one training step, its own
+    empty local caches under ``run_name``): its step equals eager's and nothing was compiled
+    in the client or fell back; the counters after."""
+    run = run_client(env, tmp_path, run_name or client, CLIENTS / f"{client}.py")
     assert run.result["matches_eager"] is True
     counters = stats(env, tmp_path)
     assert counters["fx_local_compiles"] == 0 and counters["fallbacks"] == 0, counters
@@ -180,22 +185,44 @@ def test_a_second_entry_into_a_patch_of_torch_2_11s_kind_enters_a_new_patch_of_i
     assert config.max_autotune == before
 
 
-def test_a_convolution_nets_backward_is_sent_with_the_strides_its_forward_saved(
-    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
-) -> None:
-    counters = speculated(env, tmp_path, "conv_cpu")
-    assert counters["fx_sent_ahead"] == 1
-    assert counters["fx_remote_compiles"] == 2, counters
-
-
 def test_a_backward_sent_ahead_whose_saved_activations_come_back_padded_is_sent_again(
     env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
 ) -> None:
     # Inductor pads the forward's saved activation (its rows are 1,032 floats), which nothing
-    # predicts before the forward is generated: the backward sent ahead has the traced strides,
-    # and is sent again with the padded ones once the forward is compiled.
+    # predicts before the forward is lowered: the backward sent ahead has the traced strides,
+    # and is sent again with the padded ones once the worker has lowered the forward.
     counters = speculated(env, tmp_path, "padded_cpu")
     # forward, the backward sent ahead, and the one sent again; the lazy compile loaded that
     # one and sent nothing of its own.
+    assert counters["fx_sent_ahead"] == 2, counters
+    assert counters["fx_remote_compiles"] == 3, counters
+
+
+def test_a_convolution_nets_backward_goes_with_the_strides_the_forwards_worker_stored_early(
+    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path, settings: Settings
+) -> None:
+    counters = speculated(env, tmp_path, "conv_cpu")
+    assert counters["fx_sent_ahead"] == 1
+    assert counters["fx_remote_compiles"] == 2, counters
+    # Sent once the worker had lowered the forward (its output strides stored early), not
+    # once the forward's whole codegen was in: the two codegens ran at the same time.
+    builds = fx_builds(env, tmp_path)
+    assert overlapping(builds) == 1, builds
+
+    # Those strides, as the worker stored them for the forward.
+    [forward] = [b["key"] for b in builds if clean_cache.exists(keys.early(b["key"]))]
+    store = RedisStore(clean_cache, settings)
+    [entry] = store.get_many([keys.early(forward)])
+    assert entry is not None
+    real = fx_strides.parse(entry.payload())
+    assert real is not None and any(s is not None for s in real)
+    # A cold cluster whose early output for that forward verifies but says nothing of the
+    # layout (a worker's bug; the first writer wins, so the worker cannot mend it) costs one
+    # codegen, never the step: the backward goes with the traced strides (a graph nobody
+    # loads), and again with the real ones once the forward is compiled, which the lazy
+    # compile loads.
+    wipe_cache(clean_cache)
+    store.put(keys.early(forward), fx_strides.encode([None] * len(real)))
+    counters = speculated(env, tmp_path, "conv_cpu", run_name="wrong-early")
     assert counters["fx_sent_ahead"] == 2, counters
     assert counters["fx_remote_compiles"] == 3, counters

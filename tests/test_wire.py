@@ -20,7 +20,7 @@ from compileq.codegen import remote
 from compileq.errors import EntryTooLarge
 from compileq.scheduler import roundtrip
 from compileq.scheduler.fallback import Fallback
-from compileq.tasks import device_index, events, portable
+from compileq.tasks import device_index, events, fx_strides, portable
 from compileq.tasks.fx_wire import unpicklable, wire
 from compileq.tasks.portable import StandInCalled
 from compileq.workers.lifecycle import failure_reason
@@ -227,3 +227,25 @@ def test_a_fake_view_travels_with_its_base_in_the_other_sides_fake_mode() -> Non
     assert isinstance(got_view, FakeTensor) and got_view.fake_mode is there
     assert got_view._base is got_base
     assert (got_view.shape, got_view.stride(), got_view.storage_offset()) == ((4, 2), (6, 1), 1)
+
+
+def test_a_forwards_early_strides_read_back_are_refused_unless_they_are_stride_lists() -> None:
+    # What a worker stores once it lowered a forward (workers/fx_lowered.py), read back by the
+    # waiting client (codegen/speculative.py): a stride list per output, None where symbolic.
+    strides = [(8, 1, 64, 8), None, (4, 1)]
+    assert fx_strides.parse(fx_strides.encode(strides)) == strides
+    assert fx_strides.parse(b"[]") == []
+    # Anything else that verified (a worker's bug, another version) sends nothing.
+    for junk in (
+        b"",
+        b"not json",
+        b'{"strides": []}',
+        b"[[1, -2]]",
+        b"[[1, true]]",
+        b"[[1.5]]",
+        b'[["1"]]',
+        b"[1, 2]",
+        json.dumps([[1] * 65]).encode(),
+        b"[" * 100_000 + b"]" * 100_000,
+    ):
+        assert fx_strides.parse(junk) is None, junk[:40]

@@ -76,6 +76,13 @@ def artifact_of(kind: str, material: Mapping[str, object]) -> str:
     return artifact(kind, hashlib.sha256(canonical).hexdigest())
 
 
+def early(key: str) -> str:
+    """Where a worker stores part of a job's output before the whole, for the client waiting
+    for that job to act on (an FX forward's output strides, once its lowering fixed them:
+    ``tasks/fx_strides.py``). An artifact of its own kind, keyed by the job's key."""
+    return artifact("early", hashlib.sha256(key.encode()).hexdigest())
+
+
 def lock(key: str) -> str:
     return LOCK + key
 

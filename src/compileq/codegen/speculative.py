@@ -26,8 +26,12 @@ What keeps this safe:
   sends its own job: only the worker's time is lost.
 - Saved activations whose strides the compiled forward changed (Inductor's layout optimization
   of a convolution net, its padding): AOTAutograd restrides the backward's inputs once the
-  forward is compiled, and that is when such a backward is sent, or sent again with them
-  (:func:`_prepared_then_send_backward`): it generates while the process traces the next graph.
+  forward is compiled. The worker stores the forward's output strides as soon as it has
+  lowered it (``workers/fx_lowered.py``), an eighth into its codegen; the waiting client then
+  restrides the backward's inputs as AOTAutograd will (``_Pending.lowered``) and sends it, or
+  sends it again, beside the rest of the forward's codegen. Should that early output not come
+  (a worker of an older compileq, a Redis hiccup), the backward is sent once the forward is
+  compiled, with AOTAutograd's own inputs (:func:`_prepared_then_send_backward`).
 - No FX-graph lease is taken: the job's own lease gives single flight across ranks, and a lease
   held until a backward that may never run would make other processes wait for nothing.
 - Run inside the forward's compile, it sets aside what Inductor keeps per compile
@@ -54,6 +58,7 @@ from typing import Any
 
 from compileq._log import log, warn_once
 from compileq.hooks.feature import Context, Feature
+from compileq.tasks import fx_strides
 
 _GRAPH_COMPILE = "torch._functorch._aot_autograd.graph_compile"
 _COMPILE_FX = "torch._inductor.compile_fx"
@@ -84,8 +89,13 @@ class _Pending:
     sent: bool = False
     #: The backward's example inputs as the lazy compile will take them (AOTAutograd's
     #: ``placeholder_list``, restrided to the forward's real strides), once the forward is
-    #: compiled; until then the partition's traced ones.
+    #: compiled or its worker has lowered it; until then the partition's traced ones.
     inputs: list[Any] | None = None
+    #: The inputs it was last sent with: sent again only if the strides differ.
+    sent_inputs: list[Any] | None = None
+    #: Symbolic sizes the forward saves for it: those come first among its inputs (and make
+    #: AOTAutograd compile the backward at once, after the forward: nothing to speculate).
+    num_symints: int = 0
 
     def send(self, *, again: bool = False) -> None:
         """Run the backward compile as the lazy one will (grad and autocast off, named
@@ -100,6 +110,7 @@ class _Pending:
             return
         self.sent = True
         inputs = self.inputs if self.inputs is not None else fx_placeholder_vals(self.bw_module)
+        self.sent_inputs = inputs
         started = time.perf_counter()
         try:
             FEATURE.patch_cache_lookup()
@@ -120,6 +131,70 @@ class _Pending:
             warn_once(
                 "speculate", "compileq: backward not sent ahead (%s: %s)", type(e).__name__, e
             )
+
+    def lowered(self, payload: bytes) -> None:
+        """The forward's output strides, stored by its worker once it lowered the forward
+        (``tasks/fx_strides.py``), while this process waits for the rest: the backward's
+        inputs restrided as AOTAutograd will restride them, and the backward sent with
+        them unless it was sent with those strides already."""
+        strides = fx_strides.parse(payload)
+        inputs = None if strides is None else _restrided(self, strides)
+        if inputs is None or (self.sent and _same_strides(self.sent_inputs, inputs)):
+            return
+        self.inputs = inputs
+        self.send(again=True)
+
+
+def _restrided(pending: _Pending, strides: fx_strides.Strides) -> list[Any] | None:
+    """The backward's traced inputs with the saved activations' strides in ``strides`` (the
+    forward's outputs), as ``_aot_stage2b_bw_compile`` makes them; None where the strides do
+    not fit this graph or are not all plain numbers."""
+    import torch
+    from torch.fx.experimental.symbolic_shapes import fx_placeholder_vals
+
+    meta = pending.fw_metadata
+    if meta is None:
+        return None
+    saved = strides[meta.tensors_saved_for_backwards_slice]
+    traced = fx_placeholder_vals(pending.bw_module)
+    inputs = list(traced)
+    with torch.no_grad():
+        for i, arg in enumerate(traced):
+            j = i - pending.num_symints
+            if not isinstance(arg, torch.Tensor) or not 0 <= j < len(saved):
+                continue
+            real, stride = saved[j], _static(arg.stride())
+            if real is None:
+                continue
+            if stride is None or len(stride) != len(real):
+                return None
+            if stride != real:
+                inputs[i] = arg.as_strided(arg.size(), real)
+    return inputs
+
+
+def _static(values: Any) -> tuple[int, ...] | None:
+    """``values`` (a size or stride) as ints, or None if any is symbolic."""
+    out = tuple(values)
+    return out if all(type(v) is int for v in out) else None
+
+
+def _same_strides(sent: list[Any] | None, inputs: list[Any]) -> bool:
+    """Whether a backward sent with ``sent`` has ``inputs``' strides (so its key): the
+    same tensors, or tensors restrided alike (static sizes and strides only)."""
+    import torch
+
+    if sent is None or len(sent) != len(inputs):
+        return False
+    for a, b in zip(sent, inputs, strict=True):
+        if a is b:
+            continue
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            return False
+        shape = _static(a.size()), _static(a.stride())
+        if None in shape or shape != (_static(b.size()), _static(b.stride())):
+            return False
+    return True
 
 
 class Sent(BaseException):  # a signal through Inductor, not an error
@@ -251,7 +326,10 @@ def _backward_of(result: Any, args: list[Any]) -> _Pending | None:
     inner = (
         None if fw_metadata is None else graph_compile._get_inner_meta(subclass_meta, fw_metadata)
     )
-    return _Pending(bw_module, compiler, aot_config, inner, fw_module=result[0])
+    symints = result[3] if len(result) > 3 and isinstance(result[3], int) else 0
+    return _Pending(
+        bw_module, compiler, aot_config, inner, fw_module=result[0], num_symints=symints
+    )
 
 
 def _hold(pending: _Pending) -> None:
@@ -276,17 +354,22 @@ def _hold(pending: _Pending) -> None:
     # else a DDPOptimizer this torch lays out otherwise: nothing is sent, the backward stays lazy
 
 
-def forward_sent() -> None:
+def forward_sent() -> Callable[[bytes], None] | None:
     """Called once a graph's job is with a worker, before waiting for it. If that graph is the
     forward of a graph partitioned just now, send its backward now, inside the forward's
-    compile (see ``_outside_the_forward_compile``); under DDPOptimizer, mark it for the end
-    of the subgraph's fake run."""
+    compile (see ``_outside_the_forward_compile``), unless Inductor will lay the forward out
+    anew; and return what the wait does with the forward's output strides once its worker
+    has lowered it (``_Pending.lowered``: send it with them). Under DDPOptimizer, mark it
+    for the end of the subgraph's fake run."""
     pending: _Pending | None = getattr(_thread, "pending", None)
     if pending is None or speculating():
-        return
+        return None
     pending.forward_sent = True
-    if not pending.ddp and not _lays_out_anew(pending.fw_module):
+    if pending.ddp:
+        return None
+    if not _lays_out_anew(pending.fw_module):
         pending.send()
+    return pending.lowered if pending.num_symints == 0 else None
 
 
 def _lays_out_anew(fw_module: Any) -> bool:
@@ -298,7 +381,8 @@ def _lays_out_anew(fw_module: Any) -> bool:
     codegens for 16 graphs, every backward generated again at its first call). Such a backward
     is sent once its forward is compiled, with the strides it saved
     (:func:`_prepared_then_send_backward`): it then generates while this process goes on to the
-    next graph, not beside its own forward. Asked only once a forward went to a worker: a
+    next graph, not beside its own forward; or as soon as the forward's worker has lowered it
+    (``_Pending.lowered``), beside the rest of its codegen. Asked only once a forward went to a worker: a
     warm start never pays for it. Wrong either way costs one codegen or one overlap, never a
     wrong graph.
     """
@@ -338,8 +422,6 @@ def _prepared_then_send_backward(original: Callable[..., Any]) -> Callable[..., 
 
 
 def _prepared(pending: _Pending, result: Any) -> None:
-    from torch.fx.experimental.symbolic_shapes import fx_placeholder_vals
-
     lazy, compiled = result if isinstance(result, tuple) and len(result) == 2 else (None, None)
     inputs = getattr(lazy, "placeholder_list", None)
     if compiled is not None or not isinstance(inputs, list):
@@ -347,12 +429,9 @@ def _prepared(pending: _Pending, result: Any) -> None:
     pending.inputs = inputs
     if pending.ddp or not pending.forward_sent:
         return
-    traced = fx_placeholder_vals(pending.bw_module)
-    # AOTAutograd replaces an input only where its strides differ (``as_strided``).
-    restrided = len(traced) != len(inputs) or any(
-        a is not b for a, b in zip(traced, inputs, strict=True)
-    )
-    if not pending.sent or restrided:
+    # Sent already with these strides: beside the forward (AOTAutograd replaced no input: it
+    # restrides only where strides differ), or once the worker lowered the forward.
+    if not pending.sent or not _same_strides(pending.sent_inputs, inputs):
         pending.send(again=True)
 
 

@@ -19,6 +19,12 @@ again by another process while its sender or its worker lives. After a Redis fai
 leases this process still holds are orphans (``KernelClient.orphan_lease``), handed back once
 Redis answers again, so nobody else waits out their expiry.
 
+A job's early output: a worker may store part of a job's output before the whole, under
+``keys.early(key)`` (an FX forward's output strides, once lowered: ``tasks/fx_strides.py``),
+and announce it on the same channel. The process that sent the job may act on it while it
+waits (``Early``, from its ``meanwhile``): it is read, verified as any entry, and handed over
+once, in the waiting thread.
+
 Whatever goes wrong, the caller builds the output itself; ``Fallback`` says why, with its
 reason typed (``fallback.py``). Two ways to wait share these steps: blocking, for a set of
 keys (FX graphs, C++ objects, autotuning timings: ``fetch``, ``send_and_wait``), and the
@@ -36,7 +42,7 @@ announcements, and each of the two waits is one loop over them.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Protocol
@@ -57,6 +63,10 @@ from compileq.tasks.app import COMPILE_CPP, COMPILE_FX, COMPILE_TRITON, TUNE_TRI
 #: Safety net under pub/sub: keys still awaited are re-read from the store this often. A lost
 #: announcement costs at most this much; each poll is one MGET of the keys still awaited.
 POLL_S = 0.5
+
+#: What the waiting process does with a job's early output (its payload), once, if it comes
+#: before the wait ends; any error in it is its own (logged, the wait goes on).
+Early = Callable[[bytes], None]
 
 
 class Sender(Protocol):
@@ -318,15 +328,33 @@ class Watcher:
         found = {k: e for k, e in zip(read, entries, strict=True) if e is not None}
         return Round(found, failed, [k for k in announced if k not in found], polled)
 
-    def wait(self, names: Iterable[str], until: float) -> Waited:
+    def _early(self, hoped: dict[str, Early]) -> None:
+        """Read the early outputs still hoped for; hand each one found to its callback."""
+        names = list(hoped)
+        for name, entry in zip(names, self._store.get_many(names), strict=True):
+            if entry is None:
+                continue
+            then = hoped.pop(name)
+            try:
+                then(entry.payload())
+            except Exception as e:  # an early output only ever helps: the wait goes on
+                warn_once("early", "compileq: an early output was not used (%s)", e)
+
+    def wait(
+        self, names: Iterable[str], until: float, early: Mapping[str, Early] | None = None
+    ) -> Waited:
         """Block until every key of ``names`` is found, failed or lost, or ``until`` passes;
-        then each key still missing is read once more before it is counted late."""
+        then each key still missing is read once more before it is counted late. ``early``:
+        keys of early outputs (``keys.early``), each handed to its callback once found."""
         waiting = set(names)
+        hoped = dict(early or {})
         out = Waited()
         while waiting:
             left = until - time.monotonic()
             done = self.announcements(min(POLL_S, left)) if left > 0 else {}
             seen = self.check(done, waiting, force=left <= 0)
+            if hoped and (seen.polled or not hoped.keys().isdisjoint(done)):
+                self._early(hoped)
             out.found.update(seen.found)
             out.failed.update(seen.failed)
             out.lost.extend(seen.lost)
@@ -341,18 +369,19 @@ def send_and_wait(
     sender: Sender,
     jobs: Sequence[Job],
     until: float,
-    meanwhile: Callable[[], None] = lambda: None,
+    meanwhile: Callable[[], Early | None] = lambda: None,
 ) -> tuple[Sent, Waited]:
     """Send what this process leases of ``jobs``, and wait until ``until`` for every one in
     flight (sent here or by whoever holds its lease); not for those that could not be sent,
-    which nobody builds. ``meanwhile`` runs once this process has sent some, before it waits.
+    which nobody builds. ``meanwhile`` runs once this process has sent some, before it waits;
+    what it returns is handed the early output of each job sent here, if one comes.
     A ``RedisError`` propagates, with this process's leases orphaned."""
     with Watcher(sender.store, sender.settings.connect_timeout_s) as watcher:
         sent = send(sender, jobs)
-        if sent.sent:
-            meanwhile()
+        then = meanwhile() if sent.sent else None
+        early = {} if then is None else {keys.early(key): then for key in sent.sent}
         try:
-            return sent, watcher.wait(sent.in_flight, until)
+            return sent, watcher.wait(sent.in_flight, until, early)
         except redis.RedisError:
             for key in sent.sent:  # its message may be lost: nobody must wait out the lease
                 sender.orphan_lease(key)
@@ -392,7 +421,7 @@ def output(job: Job, sent: Sent, waited: Waited, deadline_s: float) -> bytes:
     )
 
 
-def fetch(sender: Sender, job: Job, meanwhile: Callable[[], None] = lambda: None) -> bytes:
+def fetch(sender: Sender, job: Job, meanwhile: Callable[[], Early | None] = lambda: None) -> bytes:
     """The output stored under ``job.key``: found, or the job sent (unless in flight already)
     and waited for. ``meanwhile``: as for ``send_and_wait``. Raises ``Fallback``."""
     settings = sender.settings
@@ -414,11 +443,12 @@ def fetch(sender: Sender, job: Job, meanwhile: Callable[[], None] = lambda: None
 
 
 def found_or_sent(
-    sender: Sender, job: Job, meanwhile: Callable[[], None] = lambda: None
+    sender: Sender, job: Job, meanwhile: Callable[[], object] = lambda: None
 ) -> bytes | None:
     """``job``'s output if the store has it; else send the job (unless it is in flight
     already) and return None without waiting: ``fetch`` of the same job waits later.
-    ``meanwhile`` runs once this process has sent it. Raises ``Fallback``."""
+    ``meanwhile`` runs once this process has sent it (nothing waits here for an early
+    output). Raises ``Fallback``."""
     try:
         entry = sender.store.get_many([job.key])[0]
         if entry is not None:

@@ -26,6 +26,7 @@ from compileq.errors import ToolchainMismatch
 from compileq.hooks.ledger import Patches
 from compileq.tasks.fx_jobs import CODEGEN_ENV, FX, CodegenState, FxJob
 from compileq.tasks.fx_wire import wire
+from compileq.workers import fx_lowered
 from compileq.workers.lifecycle import WorkerContext, admit, failed, open_job, settle
 
 _installed_pid: int | None = None
@@ -41,7 +42,7 @@ def execute_compile_fx(task_key: object) -> str:
     started_at = time.time()
     laps = Laps()  # a pool process's first graph also pays its one-time set-up: logged
     try:
-        output, within = generate(ctx, job, laps)
+        output, within = generate(ctx, job, laps, key)
         ctx.store.put(key, output)
         laps.lap("store")
     except Exception as e:  # Inductor's own error, or EntryTooLarge: the client compiles it
@@ -108,9 +109,10 @@ def _inductor_phases(since: dict[str, int]) -> str:
     return ", ".join(f"{name} {s:.2f}s" for name, s in top if s >= 0.01)
 
 
-def generate(ctx: WorkerContext, job: FxJob, laps: Laps) -> tuple[bytes, str]:
+def generate(ctx: WorkerContext, job: FxJob, laps: Laps, key: str) -> tuple[bytes, str]:
     """Inductor's ``_run_in_child`` on the job's input: the pickled output's bytes, and the
-    longest of Inductor's own phases in it."""
+    longest of Inductor's own phases in it. A forward's output strides are stored for its
+    client as soon as it is lowered (``fx_lowered``)."""
     import torch
     from torch._inductor.compile_fx_ext import _OutOfProcessFxCompile, _WireProtocolPickledInput
     from torch._inductor.utils import clear_caches
@@ -128,6 +130,7 @@ def generate(ctx: WorkerContext, job: FxJob, laps: Laps) -> tuple[bytes, str]:
         ctx.fx_slots.generating(),
         _codegen_env(job.env),
         _codegen_state(job.state),
+        fx_lowered.announced(ctx.store, key) as lowered,
         wire(),
         _full_collections_postponed(),
         _collections() as collected,
@@ -135,7 +138,8 @@ def generate(ctx: WorkerContext, job: FxJob, laps: Laps) -> tuple[bytes, str]:
         output = _OutOfProcessFxCompile._run_in_child(_WireProtocolPickledInput(job.pickled_input))
     laps.lap("codegen")
     phases = _inductor_phases(before)
-    return bytes(output.value), ", ".join(p for p in (phases, collected.describe()) if p)
+    within = (lowered.describe(), phases, collected.describe())
+    return bytes(output.value), ", ".join(p for p in within if p)
 
 
 class _Collections:
