@@ -27,7 +27,7 @@ What keeps this safe:
 - Saved activations whose strides the compiled forward changed (Inductor's layout optimization
   of a convolution net, its padding): AOTAutograd restrides the backward's inputs once the
   forward is compiled. The worker stores the forward's output strides as soon as it has
-  lowered it (``workers/fx_lowered.py``), an eighth into its codegen; the waiting client then
+  lowered it (``workers/fx_lowered.py``), early in its codegen; the waiting client then
   restrides the backward's inputs as AOTAutograd will (``_Pending.lowered``) and sends it, or
   sends it again, beside the rest of the forward's codegen. Should that early output not come
   (a worker of an older compileq, a Redis hiccup), the backward is sent once the forward is
@@ -153,8 +153,8 @@ def _restrided(pending: _Pending, strides: fx_strides.Strides) -> list[Any] | No
     from torch.fx.experimental.symbolic_shapes import fx_placeholder_vals
 
     meta = pending.fw_metadata
-    if meta is None:
-        return None
+    if meta is None or len(strides) != _outputs(pending.fw_module):
+        return None  # not this forward's outputs: nothing to restride by
     saved = strides[meta.tensors_saved_for_backwards_slice]
     traced = fx_placeholder_vals(pending.bw_module)
     inputs = list(traced)
@@ -171,6 +171,15 @@ def _restrided(pending: _Pending, strides: fx_strides.Strides) -> list[Any] | No
             if stride != real:
                 inputs[i] = arg.as_strided(arg.size(), real)
     return inputs
+
+
+def _outputs(fw_module: Any) -> int:
+    """How many outputs the partition's forward graph has (-1 if it cannot be told)."""
+    for node in reversed(getattr(getattr(fw_module, "graph", None), "nodes", ())):
+        if node.op == "output":
+            args = node.args[0] if node.args else ()
+            return len(args) if isinstance(args, (tuple, list)) else 1
+    return -1
 
 
 def _static(values: Any) -> tuple[int, ...] | None:
@@ -379,10 +388,10 @@ def _lays_out_anew(fw_module: Any) -> bool:
     trace, AOTAutograd restrides the backward's inputs to them, and a backward sent with the
     traced ones is another graph: a worker's codegen lost (timm's ResNet on two H100s: 24
     codegens for 16 graphs, every backward generated again at its first call). Such a backward
-    is sent once its forward is compiled, with the strides it saved
-    (:func:`_prepared_then_send_backward`): it then generates while this process goes on to the
-    next graph, not beside its own forward; or as soon as the forward's worker has lowered it
-    (``_Pending.lowered``), beside the rest of its codegen. Asked only once a forward went to a worker: a
+    is sent as soon as the forward's worker has lowered it, with the strides it will save
+    (``_Pending.lowered``), beside the rest of the forward's codegen; or, should those not
+    come, once its forward is compiled (:func:`_prepared_then_send_backward`), while this
+    process goes on to the next graph. Asked only once a forward went to a worker: a
     warm start never pays for it. Wrong either way costs one codegen or one overlap, never a
     wrong graph.
     """

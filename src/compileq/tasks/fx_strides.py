@@ -1,7 +1,7 @@
 """A forward graph's output strides, as a worker stores them once its lowering fixed them.
 
-Inductor knows the strides a graph's outputs will have once it has lowered the graph, an
-eighth of its codegen, and AOTAutograd restrides a backward's inputs to the strides of the
+Inductor knows the strides a graph's outputs will have once it has lowered the graph, early
+in its codegen, and AOTAutograd restrides a backward's inputs to the strides of the
 activations its forward saved (a convolution net's channels-last layout, padding). A worker
 stores them under ``keys.early(job key)`` as soon as lowering ends, so the client waiting for
 the forward can send the backward with its real inputs then, not after the whole codegen
