@@ -64,7 +64,7 @@ demo: setup
 # tests more and 32.6 for the same tests on a slower state (import 7.5 s; CI took 31.3 for
 # the code measured at 29.4 and 31.5 here; 29.2 in CI for the code measured at 29.0), 30.7
 # with a convolution net's early-strides test (its second cold job: a wrong early value;
-# import 6.8 s, the fast state). The 2 cores are
+# import 6.8 s, the fast state) and 31.3 for the review's code (import 6.9 s). The 2 cores are
 # saturated throughout (vmstat: 3-8% idle on average), so a third process only slows every
 # test: the suite's time is its CPU, two-thirds of it fresh processes importing torch. Which
 # tests share a process (the Docker ones; those sharing a cold job) is

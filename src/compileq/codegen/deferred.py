@@ -35,8 +35,8 @@ Only where the first call is fake and nothing else reads the compiled forward be
 first real call: static shapes, no CUDA graphs, no C++ wrapper, no bundled AOTAutograd cache.
 
 Rejected alternatives: generating bucket k + 1 from Inductor's strides of bucket k obtained
-early (the worker would have to report them mid-codegen, and the client still waits for the
-lowering of each bucket in turn); a thread per bucket (Inductor's and AOTAutograd's compile
+early (a worker now stores a forward's strides once lowered, ``workers/fx_lowered.py``, but the
+client would still wait for the lowering of each bucket in turn); a thread per bucket (Inductor's and AOTAutograd's compile
 state is per process); deferring graphs outside DDPOptimizer (a single graph has no chain, and
 nothing would check its strides before its first call).
 """
