@@ -70,20 +70,12 @@ class Saved:
     def restride(self, differ: list[tuple[int, tuple[int, ...]]]) -> bool:
         """Give the backward's inputs these forward outputs' real strides (all or none);
         False where any is not a saved tensor (then the next bucket saw a wrong stride)."""
-        import torch
-
-        start, stop, _ = self.outputs.indices(1 << 30)
-        moved = []
-        for output, stride in differ:
-            i = output - start + self.symints
-            if not (start <= output < stop and 0 <= i < len(self.placeholders)):
-                return False
-            value = self.placeholders[i]
-            if not isinstance(value, torch.Tensor) or value.dim() != len(stride):
-                return False
-            moved.append((i, value.as_strided(value.shape, stride)))
-        for i, value in moved:
-            self.placeholders[i] = value
+        restrided = speculative.saved_restrided(
+            self.placeholders, self.outputs, self.symints, dict(differ)
+        )
+        if restrided is None:
+            return False
+        self.placeholders[:] = restrided  # in place: AOTAutograd's lazy compile reads this list
         speculative.restrided(self.placeholders)
         return True
 

@@ -148,29 +148,50 @@ class _Pending:
 def _restrided(pending: _Pending, strides: fx_strides.Strides) -> list[Any] | None:
     """The backward's traced inputs with the saved activations' strides in ``strides`` (the
     forward's outputs), as ``_aot_stage2b_bw_compile`` makes them; None where the strides do
-    not fit this graph or are not all plain numbers."""
+    not fit this graph."""
     import torch
     from torch.fx.experimental.symbolic_shapes import fx_placeholder_vals
 
     meta = pending.fw_metadata
     if meta is None or len(strides) != _outputs(pending.fw_module):
         return None  # not this forward's outputs: nothing to restride by
-    saved = strides[meta.tensors_saved_for_backwards_slice]
-    traced = fx_placeholder_vals(pending.bw_module)
-    inputs = list(traced)
+    start, stop, _ = meta.tensors_saved_for_backwards_slice.indices(len(strides))
+    saved = {o: s for o, s in enumerate(strides) if start <= o < stop and s is not None}
     with torch.no_grad():
-        for i, arg in enumerate(traced):
-            j = i - pending.num_symints
-            if not isinstance(arg, torch.Tensor) or not 0 <= j < len(saved):
-                continue
-            real, stride = saved[j], _static(arg.stride())
-            if real is None:
-                continue
-            if stride is None or len(stride) != len(real):
-                return None
-            if stride != real:
-                inputs[i] = arg.as_strided(arg.size(), real)
-    return inputs
+        return saved_restrided(
+            fx_placeholder_vals(pending.bw_module),
+            meta.tensors_saved_for_backwards_slice,
+            pending.num_symints,
+            saved,
+        )
+
+
+def saved_restrided(
+    inputs: list[Any], saved: slice, symints: int, strides: dict[int, tuple[int, ...]]
+) -> list[Any] | None:
+    """A backward's ``inputs`` with the activations its forward saved given ``strides`` (by
+    forward output), as AOTAutograd restrides them after the forward's compile: the saved
+    tensors are the forward's outputs in ``saved``, found among the inputs after the
+    ``symints`` sizes saved first; only those whose strides differ are replaced
+    (``as_strided``). None where an output is no saved tensor of that many static
+    dimensions. For the speculative send and for a deferred DDP forward (``deferred.Saved``)."""
+    import torch
+
+    start, stop, _ = saved.indices(1 << 30)
+    out = list(inputs)
+    for output, stride in strides.items():
+        i = output - start + symints
+        if not (start <= output < stop and 0 <= i < len(out)):
+            return None
+        value = out[i]
+        if not isinstance(value, torch.Tensor) or value.dim() != len(stride):
+            return None
+        now = _static(value.stride())
+        if now is None:
+            return None
+        if now != stride:
+            out[i] = value.as_strided(value.shape, stride)
+    return out
 
 
 def _outputs(fw_module: Any) -> int:
