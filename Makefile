@@ -80,7 +80,7 @@ test: setup docker
 # shorter test on its path in CI: the full-size load test, the training-configuration cells a
 # CI cell shares (compiled optimizer, FSDP2 over the whole model, a length marked dynamic),
 # the Slurm walkthrough, a job queued past its sender's lease, a DDP job's padded activations,
-# two pipeline stages' merged profile.
+# a convolution net's DDP job, two pipeline stages' merged profile, a starved worker's census.
 test-all: setup docker
 	$(VENV)/bin/lint-imports --no-logo
 	$(PYTEST) -m 'slow or not slow'

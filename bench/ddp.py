@@ -246,6 +246,9 @@ def run_job(
         "forwards_deferred": delta.get("ddp_forwards_deferred", 0),
         "mispredictions": delta.get("ddp_forward_mispredictions", 0),
         "saved_restrided": delta.get("ddp_saved_restrided", 0),
+        # Of those, backwards sent again from the strides a worker stored once it lowered the
+        # forward, before the forward was loaded.
+        "saved_restrided_early": delta.get("ddp_saved_restrided_early", 0),
         "losses": [r["losses"] for r in ranks],
         "matches_eager": all(r["matches_eager"] for r in ranks),
         # The workers' graph codegens of this job: start (s after launch) and seconds each,

@@ -547,7 +547,7 @@ def markdown(report: Report) -> str:
         f"while {RUNNERS} runners start training-like jobs one after another (a compiled "
         "ConvNet trained one step under `compileq run`, a fresh process with fresh Inductor "
         "and Triton dirs each, compared with eager) and a driver, from the seed, injects one "
-        "fault at a time. tests/test_chaos.py runs 45 seconds of it in the suite, its faults "
+        "fault at a time. tests/test_chaos.py runs 30 seconds of it in the suite, its faults "
         "drawn closer.",
         "",
         f"- seed {r.seed}, {r.seconds:.0f} s of jobs, deadline {DEADLINE_S:.0f} s; a job with "

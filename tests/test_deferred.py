@@ -12,6 +12,8 @@ equal to stock's, byte for byte.
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,12 @@ import redis
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from compileq import keys
+from compileq.cache.store import RedisStore
 from compileq.codegen import deferred
+from compileq.config import Settings
+from compileq.scheduler import roundtrip
+from compileq.tasks.events import Done, announce
 from tests.conftest import Env, Worker, stats
 from tests.scripts import run_script
 
@@ -91,11 +98,73 @@ def test_a_forward_whose_saved_activations_come_back_padded_keeps_its_frame_and_
     # generated a third time.
     restrided = grew["ddp_saved_restrided"] // len(run.ranks)
     assert restrided >= 1, grew
+    # Sent again as soon as a worker had lowered the forward, while the frame's check still
+    # waited for a forward's output: not only once that forward was loaded.
+    assert grew["ddp_saved_restrided_early"] >= 1, grew
     assert grew["fx_sent_ahead"] == grew["ddp_subgraph_records"] + restrided, grew
     assert grew["fx_remote_compiles"] == 2 * grew["ddp_subgraph_records"] + restrided, grew
     assert "compiling this frame again" not in run.stderr, run.stderr[-3000:]
     for rank in run.ranks:
         assert rank["matches_eager"] is True, rank
+
+
+#: In `make test-all`, as the padded job above: CI keeps its path in one process (the
+#: convolution test of tests/test_speculative.py) and every deferred forward checked in a real
+#: DDP job (tests/test_ddp_aot.py's cold job).
+@pytest.mark.slow
+def test_a_convolution_nets_ddp_backwards_go_once_with_the_strides_their_forwards_workers_stored(
+    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
+) -> None:
+    # Inductor lays out each subgraph's activations channels-last: every backward sent with
+    # the traced strides was a codegen nobody loaded (timm's ResNet on two H200s: 9 codegens
+    # for 6 graphs). Now such a backward goes once, when its forward's worker has lowered it.
+    conv = ("--width", "128", "--layers", "3", "--bucket-mb", "1")
+    before = stats(env, tmp_path)
+    run = run_script(env, tmp_path, "compileq", CLIENTS / "ddp_conv.py", *conv, nproc=2)
+    after = stats(env, tmp_path)
+    grew = {k: after[k] - before.get(k, 0) for k in after if isinstance(after[k], int)}
+    subgraphs = grew["ddp_subgraph_records"]
+    assert subgraphs >= 2 and grew["ddp_forwards_deferred"] >= subgraphs, grew
+    assert grew["ddp_saved_restrided"] >= 2, grew  # a conv subgraph's, on each rank
+    assert grew["ddp_saved_restrided_early"] >= 1, grew
+    assert grew.get("ddp_forward_mispredictions", 0) == 0, grew
+    assert grew.get("fx_local_compiles", 0) == 0 and grew.get("fallbacks", 0) == 0, grew
+    # One codegen per graph: each subgraph's forward and its backward, sent ahead once.
+    assert grew["fx_sent_ahead"] == subgraphs, grew
+    assert grew["fx_remote_compiles"] == 2 * subgraphs, grew
+    for rank in run.ranks:
+        assert rank["matches_eager"] is True, rank
+        assert rank["graphs"] == 2 * subgraphs, rank
+
+
+def test_a_wait_hands_over_the_early_outputs_of_other_jobs_stored_before_or_during_it(
+    settings: Settings, clean_cache: redis.Redis
+) -> None:
+    # A frame's check waits for one deferred forward while the workers lower the others:
+    # each early output is handed over once, stored before the wait or announced during it;
+    # one that does not verify (planted, unsigned) never is, and does not hold the wait.
+    store = RedisStore(clean_cache, settings)
+    job, before, during, planted = (keys.artifact("fx", c * 64) for c in "abcd")
+    store.put(keys.early(before), b"[[8, 1]]")
+    clean_cache.set(keys.early(planted), b"[[1, 1]]")
+    got: list[tuple[str, bytes]] = []
+
+    def worker() -> None:
+        time.sleep(0.2)
+        store.put(keys.early(during), b"[[1, 4]]")
+        announce(clean_cache, Done(keys.early(during), True))
+        time.sleep(0.8)  # past a poll: nothing is handed over twice
+        store.put(job, b"the forward")
+        announce(clean_cache, Done(job, True))
+
+    hoped = {keys.early(k): (lambda p, k=k: got.append((k, p))) for k in (before, during, planted)}
+    with roundtrip.Watcher(store, settings.connect_timeout_s) as watcher:
+        thread = threading.Thread(target=worker)
+        thread.start()
+        waited = watcher.wait([job], time.monotonic() + 30, hoped)
+        thread.join()
+    assert waited.found[job].payload() == b"the forward" and not waited.late
+    assert got == [(before, b"[[8, 1]]"), (during, b"[[1, 4]]")]
 
 
 def test_only_saved_activations_are_restrided_and_all_or_none() -> None:
@@ -129,7 +198,7 @@ def test_a_forward_is_verified_only_when_every_real_stride_is_the_assumed_one() 
             self.output_strides = strides
 
     def forward(real: list[tuple[str, ...] | None]) -> deferred.Forward:
-        f = deferred.Forward(lambda: Loaded(real), [(4, 1), (1,), None])
+        f = deferred.Forward(lambda _: Loaded(real), [(4, 1), (1,), None])
         f.resolve()
         return f
 

@@ -35,11 +35,11 @@ def verified(self: deferred.Forward) -> bool:
     return _verified(self)
 
 
-def resolve(self: deferred.Forward) -> Any:
+def resolve(self: deferred.Forward, *args: Any) -> Any:
     if FAULT == "fetch" and not _hit:
         _hit.append(self)
         raise RuntimeError("the worker's output is lost")
-    return _resolve(self)
+    return _resolve(self, *args)
 
 
 deferred.Forward.verified = verified  # type: ignore[method-assign]

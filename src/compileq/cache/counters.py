@@ -52,6 +52,9 @@ class Counter(str, enum.Enum):
     DDP_FORWARD_MISPREDICTIONS = "ddp_forward_mispredictions"
     #: Deferred forwards whose saved activations came back padded, restrided for the backward.
     DDP_SAVED_RESTRIDED = "ddp_saved_restrided"
+    #: Backwards of deferred forwards sent with restrided inputs from the strides their
+    #: workers stored once they had lowered the forward, before the forward was loaded.
+    DDP_SAVED_RESTRIDED_EARLY = "ddp_saved_restrided_early"
     AOT_HITS = "aot_hits"
     AOT_MISSES = "aot_misses"
     CPP_HITS = "cpp_hits"

@@ -45,13 +45,17 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from compileq._log import log, warn_once
 from compileq.cache.counters import Counter
 from compileq.codegen import speculative
 from compileq.hooks.feature import Context, Feature
+from compileq.tasks import fx_strides
+
+if TYPE_CHECKING:  # the round trip imports Celery's app: not at install
+    from compileq.scheduler.roundtrip import Early
 
 _DISTRIBUTED = "torch._dynamo.backends.distributed"
 _CODECACHE = "torch._inductor.codecache"
@@ -90,9 +94,17 @@ class Forward:
 
     _boxed_call = True
 
-    def __init__(self, fetch: Callable[[], Any], strides: list[tuple[int, ...] | None]) -> None:
+    def __init__(
+        self,
+        fetch: Callable[[Mapping[str, Early]], Any],
+        strides: list[tuple[int, ...] | None],
+        early: str | None = None,
+    ) -> None:
         self._fetch = fetch
         self.assumed = strides
+        #: Where its worker stores its output strides once lowered (``keys.early``), until
+        #: they are read (``lowered``) or the forward is loaded.
+        self.early = early
         self._post: tuple[Any, ...] | None = None
         self._graph: Any = None
         self._then: list[Callable[[Any], None]] = []
@@ -126,10 +138,12 @@ class Forward:
         """Run ``fn()`` once the real strides are known to equal the assumed ones."""
         self._when_verified.append(fn)
 
-    def resolve(self) -> Any:
-        """Fetch, load and post-compile the real graph (once); it is returned."""
+    def resolve(self, others: Mapping[str, Early] | None = None) -> Any:
+        """Fetch, load and post-compile the real graph (once); it is returned. ``others``:
+        early outputs read while its output is waited for (``_settled``)."""
         if self._graph is None:
-            graph = self._fetch()
+            self.early = None
+            graph = self._fetch(others or {})
             for name in ("_time_taken_ns", "_fx_graph_cache_key", "_fx_graph_cache_debug_lines"):
                 if name in vars(self):
                     setattr(graph, name, vars(self)[name])
@@ -140,6 +154,34 @@ class Forward:
             for fn in self._then:
                 fn(graph)
         return self._graph
+
+    def lowered(self, payload: bytes) -> None:
+        """Its worker's early output: the strides its outputs will have, known once the
+        worker lowered it. The backward goes with the saved activations' strides now
+        (``speculative.lowered``), beside the rest of the frame's codegens, instead of once
+        this forward is loaded: sent again where it went with the traced strides and those
+        differ, sent first where its forward is laid out anew. Nothing else is decided
+        here: the loaded graph's own strides are checked as before (``verified``), and a
+        wrong early value that verified costs one backward's codegen."""
+        self.early = None
+        strides = fx_strides.parse(payload)
+        saved = self.saved
+        if strides is None or saved is None or len(strides) != len(self.assumed):
+            return
+        differ = {
+            output: stride
+            for output, (stride, assumed) in enumerate(zip(strides, self.assumed, strict=True))
+            if stride is not None and assumed is not None and stride != assumed
+        }
+        restrided = (
+            speculative.saved_restrided(saved.placeholders, saved.outputs, saved.symints, differ)
+            if differ
+            else saved.placeholders  # the traced strides: sent now if it never was
+        )
+        if restrided is None:  # a user output differs: the check after the load says so
+            return
+        if speculative.lowered(saved.placeholders, restrided) and differ:
+            FEATURE.count(Counter.DDP_SAVED_RESTRIDED_EARLY)
 
     def _resolve_and_run(self, args: Any) -> Any:
         return self.resolve()(args)
@@ -167,6 +209,8 @@ class Forward:
             if self.saved is None or not self.saved.restride(differ):
                 return False
             FEATURE.count(Counter.DDP_SAVED_RESTRIDED)
+        elif self.saved is not None:  # its backward, if never sent (its early output lost)
+            speculative.restrided(self.saved.placeholders)
         for fn in self._when_verified:
             fn()
         return True
@@ -224,9 +268,14 @@ def assumed(
     return assumed_strides(gm, example_inputs)
 
 
-def defer(fetch: Callable[[], Any], strides: list[tuple[int, ...] | None]) -> Forward:
-    """A stand-in for the forward ``fetch`` loads, going on with ``strides`` (``assumed``)."""
-    forward = Forward(fetch, strides)
+def defer(
+    fetch: Callable[[Mapping[str, Early]], Any],
+    strides: list[tuple[int, ...] | None],
+    early: str | None = None,
+) -> Forward:
+    """A stand-in for the forward ``fetch`` loads, going on with ``strides`` (``assumed``);
+    ``early``: where its worker stores its output strides once lowered."""
+    forward = Forward(fetch, strides, early)
     _thread.batch.append(forward)
     _thread.last = forward
     _thread.awaiting_backward = forward
@@ -369,9 +418,12 @@ def _compile_fn(original: Callable[..., Any]) -> Callable[..., Any]:
 def _settled(batch: list[Forward]) -> bool:
     """Fetch and check every deferred forward of the frame; False turns deferral off here."""
     why = ""
-    for forward in batch:
+    for i, forward in enumerate(batch):
+        # While this one is waited for, the others' workers lower theirs: each backward
+        # that needs other strides is sent again as soon as its forward's are known.
+        hoped = {f.early: f.lowered for f in batch[i:] if f.early and f.saved is not None}
         try:
-            forward.resolve()
+            forward.resolve(hoped)
         except Exception as e:  # the worker's output lost or failed: compile again, as stock
             why = f"a deferred forward could not be loaded ({type(e).__name__}: {e})"
             break

@@ -8,7 +8,7 @@ It imports ``remote`` (routing, what travels with a job, fallbacks) and the roun
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, NoReturn
 
@@ -18,6 +18,7 @@ from torch._inductor.compile_fx_ext import (
     _WireProtocolPickledOutput,
 )
 
+from compileq import keys
 from compileq._log import log
 from compileq.cache.counters import Counter, Reason
 from compileq.codegen import deferred, fx_key, remote, speculative
@@ -103,10 +104,11 @@ class RemoteFxCompile(_OutOfProcessFxCompile):  # type: ignore[misc]
         if output is not None:
             return self._loaded(output, route.device_index, constants)
 
-        def fetch() -> Any:
-            return self._loaded(roundtrip.fetch(client, job), route.device_index, constants)
+        def fetch(others: Mapping[str, roundtrip.Early]) -> Any:
+            output = roundtrip.fetch(client, job, others=others)
+            return self._loaded(output, route.device_index, constants)
 
-        return deferred.defer(fetch, strides)
+        return deferred.defer(fetch, strides, keys.early(job.key))
 
     def _loaded(self, output: bytes, index: int | None, constants: Any) -> Any:
         """The worker's output as Inductor's own out-of-process compile loads it."""

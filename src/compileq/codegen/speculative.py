@@ -97,11 +97,12 @@ class _Pending:
     #: AOTAutograd compile the backward at once, after the forward: nothing to speculate).
     num_symints: int = 0
 
-    def send(self, *, again: bool = False) -> None:
+    def send(self, *, again: bool = False, inputs: list[Any] | None = None) -> None:
         """Run the backward compile as the lazy one will (grad and autocast off, named
-        "backward", on a copy, with its example inputs) until its job is sent; once, or
-        ``again`` with inputs restrided since. Inside the forward's compile or not, with
-        Inductor's per-compile state set aside; any error only means nothing was sent."""
+        "backward", on a copy, with its example inputs, or ``inputs`` where given) until its
+        job is sent; once, or ``again`` with inputs restrided since. Inside the forward's
+        compile or not, with Inductor's per-compile state set aside; any error only means
+        nothing was sent."""
         import torch
         from torch._functorch._aot_autograd.logging_utils import track_graph_compiling
         from torch.fx.experimental.symbolic_shapes import fx_placeholder_vals
@@ -109,7 +110,8 @@ class _Pending:
         if self.sent and not again:
             return
         self.sent = True
-        inputs = self.inputs if self.inputs is not None else fx_placeholder_vals(self.bw_module)
+        if inputs is None:
+            inputs = self.inputs if self.inputs is not None else fx_placeholder_vals(self.bw_module)
         self.sent_inputs = inputs
         started = time.perf_counter()
         try:
@@ -600,7 +602,10 @@ def _run_node_then_send(original: Callable[..., Any]) -> Callable[..., Any]:
             _thread.after_submodule = outer
         for each in pending:
             if each.forward_sent:
-                each.send()
+                # A forward Inductor will lay out anew saves its activations with other
+                # strides: its backward goes once its worker has lowered it (``lowered``).
+                if not _lays_out_anew(each.fw_module):
+                    each.send()
                 _restridable(each)
         return out
 
@@ -608,7 +613,7 @@ def _run_node_then_send(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _restridable(pending: _Pending) -> None:
-    if pending.inputs is None or not pending.sent:
+    if pending.inputs is None:
         return
     sent: OrderedDict[int, _Pending] | None = getattr(_thread, "restridable", None)
     if sent is None:
@@ -619,16 +624,39 @@ def _restridable(pending: _Pending) -> None:
 
 
 def restrided(inputs: list[Any]) -> None:
-    """A deferred DDP forward's saved activations came back with other strides, and its
-    backward's inputs were restrided in place (``deferred.Saved``): a backward sent with them
-    before is sent again, as AOTAutograd's own restride sends one (:func:`_prepared`). Else its
-    first call would find no job with its key and wait for a whole codegen (timm's ResNet
-    under DDP on two H200s: 15.3 s of backward compiles in the first step, 3 backwards
-    generated twice)."""
+    """A deferred DDP forward is loaded and checked, its backward's inputs restrided in place
+    where its saved activations came back with other strides (``deferred.Saved``): a backward
+    sent with other strides before, or not sent yet (a forward laid out anew whose early
+    output never came), is sent now, as AOTAutograd's own restride sends one
+    (:func:`_prepared`). Else its first call would find no job with its key and wait for a
+    whole codegen (timm's ResNet under DDP on two H200s: 15.3 s of backward compiles in the
+    first step, 3 backwards generated twice). One sent with these strides already, from its
+    worker's early output (:func:`lowered`), is not sent again."""
     sent: OrderedDict[int, _Pending] | None = getattr(_thread, "restridable", None)
     pending = None if sent is None else sent.pop(id(inputs), None)
-    if pending is not None and pending.inputs is inputs:
+    if pending is None or pending.inputs is not inputs:
+        return
+    if not _same_strides(pending.sent_inputs, inputs):
         pending.send(again=True)
+
+
+def lowered(inputs: list[Any], restrided: list[Any]) -> bool:
+    """A deferred DDP forward's worker has lowered it (its early output): its backward, whose
+    inputs are ``inputs`` (AOTAutograd's list, not touched here), is sent now with
+    ``restrided`` (copies with the strides the forward will save them with, or ``inputs``
+    itself where those are the traced ones), unless it was sent with those strides already:
+    sent again where it went with the traced strides, sent first where its forward is laid
+    out anew (``_run_node_then_send``). The frame's check restrides ``inputs`` in place later
+    (:func:`restrided`), once the forward is loaded. Whether it was sent (a backward whose
+    forward this thread did not send is left to its lazy compile)."""
+    sent: OrderedDict[int, _Pending] | None = getattr(_thread, "restridable", None)
+    pending = None if sent is None else sent.get(id(inputs))
+    if pending is None or pending.inputs is not inputs:
+        return False
+    if _same_strides(pending.sent_inputs, restrided):
+        return False
+    pending.send(again=True, inputs=restrided)
+    return True
 
 
 @contextmanager

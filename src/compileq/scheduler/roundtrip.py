@@ -22,8 +22,10 @@ Redis answers again, so nobody else waits out their expiry.
 A job's early output: a worker may store part of a job's output before the whole, under
 ``keys.early(key)`` (an FX forward's output strides, once lowered: ``tasks/fx_strides.py``),
 and announce it on the same channel. The process that sent the job may act on it while it
-waits (``Early``, from its ``meanwhile``): it is read, verified as any entry, and handed over
-once, in the waiting thread.
+waits (``Early``, from its ``meanwhile``), and a wait for one job may take the early outputs
+of others (``others``: a DDP frame's check waits for one forward while its other forwards'
+workers lower theirs): each is read, verified as any entry, and handed over once, in the
+waiting thread.
 
 Whatever goes wrong, the caller builds the output itself; ``Fallback`` says why, with its
 reason typed (``fallback.py``). Two ways to wait share these steps: blocking, for a set of
@@ -348,6 +350,8 @@ class Watcher:
         keys of early outputs (``keys.early``), each handed to its callback once found."""
         waiting = set(names)
         hoped = dict(early or {})
+        if hoped:  # some may be stored already (other jobs'): read before the first poll
+            self._early(hoped)
         out = Waited()
         while waiting:
             left = until - time.monotonic()
@@ -370,16 +374,21 @@ def send_and_wait(
     jobs: Sequence[Job],
     until: float,
     meanwhile: Callable[[], Early | None] = lambda: None,
+    others: Mapping[str, Early] | None = None,
 ) -> tuple[Sent, Waited]:
     """Send what this process leases of ``jobs``, and wait until ``until`` for every one in
     flight (sent here or by whoever holds its lease); not for those that could not be sent,
     which nobody builds. ``meanwhile`` runs once this process has sent some, before it waits;
     what it returns is handed the early output of each job sent here, if one comes.
+    ``others``: early outputs of other jobs (by ``keys.early`` key) read meanwhile, each
+    handed to its callback once if it comes before the wait ends.
     A ``RedisError`` propagates, with this process's leases orphaned."""
     with Watcher(sender.store, sender.settings.connect_timeout_s) as watcher:
         sent = send(sender, jobs)
         then = meanwhile() if sent.sent else None
-        early = {} if then is None else {keys.early(key): then for key in sent.sent}
+        early = dict(others or {})
+        if then is not None:
+            early.update({keys.early(key): then for key in sent.sent})
         try:
             return sent, watcher.wait(sent.in_flight, until, early)
         except redis.RedisError:
@@ -421,9 +430,15 @@ def output(job: Job, sent: Sent, waited: Waited, deadline_s: float) -> bytes:
     )
 
 
-def fetch(sender: Sender, job: Job, meanwhile: Callable[[], Early | None] = lambda: None) -> bytes:
+def fetch(
+    sender: Sender,
+    job: Job,
+    meanwhile: Callable[[], Early | None] = lambda: None,
+    others: Mapping[str, Early] | None = None,
+) -> bytes:
     """The output stored under ``job.key``: found, or the job sent (unless in flight already)
-    and waited for. ``meanwhile``: as for ``send_and_wait``. Raises ``Fallback``."""
+    and waited for. ``meanwhile`` and ``others``: as for ``send_and_wait`` (neither is
+    called when the output is found at once). Raises ``Fallback``."""
     settings = sender.settings
     until = deadline(settings)
     try:
@@ -431,7 +446,7 @@ def fetch(sender: Sender, job: Job, meanwhile: Callable[[], Early | None] = lamb
         if entry is not None:
             payload = entry.payload()
         else:
-            sent, waited = send_and_wait(sender, [job], until, meanwhile)
+            sent, waited = send_and_wait(sender, [job], until, meanwhile, others)
             payload = output(job, sent, waited, settings.deadline_s)
     except redis.RedisError as e:
         sender.redis_failed(e)
