@@ -64,8 +64,10 @@ demo: setup
 # tests more and 32.6 for the same tests on a slower state (import 7.5 s; CI took 31.3 for
 # the code measured at 29.4 and 31.5 here; 29.2 in CI for the code measured at 29.0), 30.7
 # with a convolution net's early-strides test (its second cold job: a wrong early value;
-# import 6.8 s, the fast state) and 31.3 for the review's code (import 6.9 s). The 2 cores are
-# saturated throughout (vmstat: 3-8% idle on average), so a third process only slows every
+# import 6.8 s, the fast state) and 31.3 for the review's code (import 6.9 s); CI took 32.5
+# for that code, setup included; 30.9 here with 30 s of chaos (was 45) and a starved worker's
+# census in test-all (import 7.35 s), before the capacity bench's real run went there too.
+# The 2 cores are saturated throughout (vmstat: 3-8% idle on average), so a third process only slows every
 # test: the suite's time is its CPU, two-thirds of it fresh processes importing torch. Which
 # tests share a process (the Docker ones; those sharing a cold job) is
 # tests/conftest.ONE_PROCESS, whose scheduler replaces --dist's. TEST_PROCESSES=0 runs the
@@ -80,7 +82,8 @@ test: setup docker
 # shorter test on its path in CI: the full-size load test, the training-configuration cells a
 # CI cell shares (compiled optimizer, FSDP2 over the whole model, a length marked dynamic),
 # the Slurm walkthrough, a job queued past its sender's lease, a DDP job's padded activations,
-# a convolution net's DDP job, two pipeline stages' merged profile, a starved worker's census.
+# a convolution net's DDP job, two pipeline stages' merged profile, a starved worker's census,
+# the capacity bench's real run.
 test-all: setup docker
 	$(VENV)/bin/lint-imports --no-logo
 	$(PYTEST) -m 'slow or not slow'

@@ -129,6 +129,10 @@ def test_capacity_classifies_every_key_family_that_keys_py_defines() -> None:
     assert unit_of("fxcode") == unit_of("job:fx") == "graph" and unit_of("counters") is None
 
 
+#: In `make test-all` (a minute of the 2-core CI machine for a benchmark's own figures): CI
+#: keeps the key families' classification (above) and a bench run against a real worker (the
+#: queue scenario).
+@pytest.mark.slow
 def test_capacity_measures_real_kernels_in_redis_and_a_new_machine_reading_them(
     tmp_path: Path,
 ) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -28,7 +29,7 @@ from compileq.config import Settings
 from compileq.scheduler import roundtrip
 from compileq.tasks.events import Done, announce
 from tests.conftest import Env, Worker, stats
-from tests.scripts import run_script
+from tests.scripts import ScriptRun, run_script
 
 CLIENTS = Path(__file__).parent / "clients"
 #: Two DDP buckets (two subgraphs per rank, three layers: as many as four make, and a shorter
@@ -36,23 +37,29 @@ CLIENTS = Path(__file__).parent / "clients"
 DDP = ("--width", "104", "--layers", "3", "--bucket-mb", "1")
 
 
+def _ddp_job(
+    env: Env, tmp_path: Path, client: str, *args: str, **kwargs: Any
+) -> tuple[ScriptRun, dict[str, int]]:
+    """A client script of tests/clients/ run as a 2-rank DDP job (fresh dirs per rank), and
+    how much each of the cluster's counters grew meanwhile."""
+    before = stats(env, tmp_path)
+    run = run_script(env, tmp_path, client, CLIENTS / client, *args, nproc=2, **kwargs)
+    after = stats(env, tmp_path)
+    return run, {k: after[k] - before.get(k, 0) for k in after if isinstance(after[k], int)}
+
+
 def test_a_forward_that_fails_its_check_makes_the_frame_compile_again_as_stock_and_train_right(
     env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
 ) -> None:
     # Both faults in one job, a rank each: rank 0's forward comes back with other strides,
     # rank 1's output is lost. A cold cluster: every forward is generated, so deferred.
-    before = stats(env, tmp_path)
-    run = run_script(
+    run, grew = _ddp_job(
         env,
         tmp_path,
-        "faults",
-        CLIENTS / "ddp_mispredicted.py",
+        "ddp_mispredicted.py",
         *DDP,
-        nproc=2,
         extra_env={"COMPILEQ_TEST_FAULT": "strides,fetch"},
     )
-    after = stats(env, tmp_path)
-    grew = {k: after[k] - before.get(k, 0) for k in after if isinstance(after[k], int)}
     # The frame compiled again made the same code: each rank still has two subgraphs' forward
     # and backward.
     subgraphs = sum(rank["graphs"] // 2 for rank in run.ranks)
@@ -85,10 +92,7 @@ def test_a_forward_whose_saved_activations_come_back_padded_keeps_its_frame_and_
     # with other strides than the traced ones. Found on two H200s: every such frame used to
     # compile twice.
     padded = ("--width", "1032", "--layers", "1", "--bucket-mb", "1")
-    before = stats(env, tmp_path)
-    run = run_script(env, tmp_path, "compileq", CLIENTS / "ddp_padded.py", *padded, nproc=2)
-    after = stats(env, tmp_path)
-    grew = {k: after[k] - before.get(k, 0) for k in after if isinstance(after[k], int)}
+    run, grew = _ddp_job(env, tmp_path, "ddp_padded.py", *padded)
     # The backward's inputs took the real strides; no frame compiled again.
     assert grew["ddp_saved_restrided"] >= 2, grew
     assert grew.get("ddp_forward_mispredictions", 0) == 0, grew
@@ -119,10 +123,7 @@ def test_a_convolution_nets_ddp_backwards_go_once_with_the_strides_their_forward
     # the traced strides was a codegen nobody loaded (timm's ResNet on two H200s: 9 codegens
     # for 6 graphs). Now such a backward goes once, when its forward's worker has lowered it.
     conv = ("--width", "128", "--layers", "3", "--bucket-mb", "1")
-    before = stats(env, tmp_path)
-    run = run_script(env, tmp_path, "compileq", CLIENTS / "ddp_conv.py", *conv, nproc=2)
-    after = stats(env, tmp_path)
-    grew = {k: after[k] - before.get(k, 0) for k in after if isinstance(after[k], int)}
+    run, grew = _ddp_job(env, tmp_path, "ddp_conv.py", *conv)
     subgraphs = grew["ddp_subgraph_records"]
     assert subgraphs >= 2 and grew["ddp_forwards_deferred"] >= subgraphs, grew
     assert grew["ddp_saved_restrided"] >= 2, grew  # a conv subgraph's, on each rank
