@@ -66,7 +66,7 @@ demo: setup
 # with a convolution net's early-strides test (its second cold job: a wrong early value;
 # import 6.8 s, the fast state) and 31.3 for the review's code (import 6.9 s); CI took 32.5
 # for that code, setup included; 30.9 here with 30 s of chaos (was 45) and a starved worker's
-# census in test-all (import 7.35 s), before the capacity bench's real run went there too.
+# census in test-all (import 7.35 s), and 29.6 with the capacity bench's real run there too.
 # The 2 cores are saturated throughout (vmstat: 3-8% idle on average), so a third process only slows every
 # test: the suite's time is its CPU, two-thirds of it fresh processes importing torch. Which
 # tests share a process (the Docker ones; those sharing a cold job) is
