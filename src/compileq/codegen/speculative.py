@@ -86,12 +86,12 @@ class _Pending:
     #: The forward missed every cache and its job went to a worker: the backward is worth
     #: sending (a forward compiled here, with no worker, makes speculation pure cost).
     forward_sent: bool = False
-    sent: bool = False
     #: The backward's example inputs as the lazy compile will take them (AOTAutograd's
     #: ``placeholder_list``, restrided to the forward's real strides), once the forward is
     #: compiled or its worker has lowered it; until then the partition's traced ones.
     inputs: list[Any] | None = None
-    #: The inputs it was last sent with: sent again only if the strides differ.
+    #: The inputs it was last sent with (None: never sent): sent again only if the strides
+    #: differ.
     sent_inputs: list[Any] | None = None
     #: Symbolic sizes the forward saves for it: those come first among its inputs (and make
     #: AOTAutograd compile the backward at once, after the forward: nothing to speculate).
@@ -107,9 +107,8 @@ class _Pending:
         from torch._functorch._aot_autograd.logging_utils import track_graph_compiling
         from torch.fx.experimental.symbolic_shapes import fx_placeholder_vals
 
-        if self.sent and not again:
+        if self.sent_inputs is not None and not again:
             return
-        self.sent = True
         if inputs is None:
             inputs = self.inputs if self.inputs is not None else fx_placeholder_vals(self.bw_module)
         self.sent_inputs = inputs
@@ -141,7 +140,7 @@ class _Pending:
         them unless it was sent with those strides already."""
         strides = fx_strides.parse(payload)
         inputs = None if strides is None else _restrided(self, strides)
-        if inputs is None or (self.sent and _same_strides(self.sent_inputs, inputs)):
+        if inputs is None or _same_strides(self.sent_inputs, inputs):
             return
         self.inputs = inputs
         self.send(again=True)
@@ -463,7 +462,7 @@ def _prepared(pending: _Pending, result: Any) -> None:
         return
     # Sent already with these strides: beside the forward (AOTAutograd replaced no input: it
     # restrides only where strides differ), or once the worker lowered the forward.
-    if not pending.sent or not _same_strides(pending.sent_inputs, inputs):
+    if not _same_strides(pending.sent_inputs, inputs):
         pending.send(again=True)
 
 
