@@ -79,6 +79,21 @@ def test_a_forward_that_fails_its_check_makes_the_frame_compile_again_as_stock_a
         assert rank["matches_eager"] is True, rank
 
 
+def _restrided_and_kept(run: ScriptRun, grew: dict[str, int]) -> None:
+    """A DDP job whose deferred forwards saved activations with other strides than the traced
+    ones: restrided on each rank, each backward sent with them as soon as a worker had lowered
+    its forward (while the frame's check still waited for a forward's output, not only once
+    that forward was loaded), the frame kept (compiled once, nothing built here), and the
+    training as eager's."""
+    assert grew["ddp_saved_restrided"] >= 2, grew
+    assert grew["ddp_saved_restrided_early"] >= 1, grew
+    assert grew.get("ddp_forward_mispredictions", 0) == 0, grew
+    assert grew.get("fx_local_compiles", 0) == 0 and grew.get("fallbacks", 0) == 0, grew
+    assert "compiling this frame again" not in run.stderr, run.stderr[-3000:]
+    for rank in run.ranks:
+        assert rank["matches_eager"] is True, rank
+
+
 #: In `make test-all`: a two-rank job of its own, a minute and a quarter of the 2-core machine.
 #: CI keeps its path: which saved activations take the real strides (the unit tests below),
 #: a backward sent again once restrided (test_speculative's padded client, one process) and
@@ -94,22 +109,14 @@ def test_a_forward_whose_saved_activations_come_back_padded_keeps_its_frame_and_
     padded = ("--width", "1032", "--layers", "1", "--bucket-mb", "1")
     run, grew = _ddp_job(env, tmp_path, "ddp_padded.py", *padded)
     # The backward's inputs took the real strides; no frame compiled again.
-    assert grew["ddp_saved_restrided"] >= 2, grew
-    assert grew.get("ddp_forward_mispredictions", 0) == 0, grew
-    assert grew.get("fx_local_compiles", 0) == 0 and grew.get("fallbacks", 0) == 0, grew
+    _restrided_and_kept(run, grew)
     # Each backward sent ahead with the traced strides was sent again with the real ones (by
     # one rank; the other found that job), and its first call found that job: no backward
     # generated a third time.
     restrided = grew["ddp_saved_restrided"] // len(run.ranks)
     assert restrided >= 1, grew
-    # Sent again as soon as a worker had lowered the forward, while the frame's check still
-    # waited for a forward's output: not only once that forward was loaded.
-    assert grew["ddp_saved_restrided_early"] >= 1, grew
     assert grew["fx_sent_ahead"] == grew["ddp_subgraph_records"] + restrided, grew
     assert grew["fx_remote_compiles"] == 2 * grew["ddp_subgraph_records"] + restrided, grew
-    assert "compiling this frame again" not in run.stderr, run.stderr[-3000:]
-    for rank in run.ranks:
-        assert rank["matches_eager"] is True, rank
 
 
 #: In `make test-all`, as the padded job above: CI keeps its path in one process (the
@@ -126,15 +133,11 @@ def test_a_convolution_nets_ddp_backwards_go_once_with_the_strides_their_forward
     run, grew = _ddp_job(env, tmp_path, "ddp_conv.py", *conv)
     subgraphs = grew["ddp_subgraph_records"]
     assert subgraphs >= 2 and grew["ddp_forwards_deferred"] >= subgraphs, grew
-    assert grew["ddp_saved_restrided"] >= 2, grew  # a conv subgraph's, on each rank
-    assert grew["ddp_saved_restrided_early"] >= 1, grew
-    assert grew.get("ddp_forward_mispredictions", 0) == 0, grew
-    assert grew.get("fx_local_compiles", 0) == 0 and grew.get("fallbacks", 0) == 0, grew
+    _restrided_and_kept(run, grew)  # a conv subgraph's, on each rank
     # One codegen per graph: each subgraph's forward and its backward, sent ahead once.
     assert grew["fx_sent_ahead"] == subgraphs, grew
     assert grew["fx_remote_compiles"] == 2 * subgraphs, grew
     for rank in run.ranks:
-        assert rank["matches_eager"] is True, rank
         assert rank["graphs"] == 2 * subgraphs, rank
 
 

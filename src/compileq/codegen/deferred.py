@@ -35,9 +35,9 @@ Only where the first call is fake and nothing else reads the compiled forward be
 first real call: static shapes, no CUDA graphs, no C++ wrapper, no bundled AOTAutograd cache.
 
 Rejected alternatives: generating bucket k + 1 from Inductor's strides of bucket k obtained
-early (a worker now stores a forward's strides once lowered, ``workers/fx_lowered.py``, but the
-client would still wait for the lowering of each bucket in turn); a thread per bucket (Inductor's and AOTAutograd's compile
-state is per process); deferring graphs outside DDPOptimizer (a single graph has no chain, and
+early (a worker now stores a forward's strides once lowered, ``workers/fx_lowered.py``, but
+the client would still wait for the lowering of each bucket in turn); a thread per bucket
+(Inductor's and AOTAutograd's compile state is per process); deferring graphs outside DDPOptimizer (a single graph has no chain, and
 nothing would check its strides before its first call).
 """
 
@@ -80,7 +80,6 @@ class Saved:
         if restrided is None:
             return False
         self.placeholders[:] = restrided  # in place: AOTAutograd's lazy compile reads this list
-        speculative.restrided(self.placeholders)
         return True
 
 
@@ -209,7 +208,7 @@ class Forward:
             if self.saved is None or not self.saved.restride(differ):
                 return False
             FEATURE.count(Counter.DDP_SAVED_RESTRIDED)
-        elif self.saved is not None:  # its backward, if never sent (its early output lost)
+        if self.saved is not None:  # its backward, unless sent with these strides already
             speculative.restrided(self.saved.placeholders)
         for fn in self._when_verified:
             fn()

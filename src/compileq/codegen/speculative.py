@@ -97,20 +97,21 @@ class _Pending:
     #: AOTAutograd compile the backward at once, after the forward: nothing to speculate).
     num_symints: int = 0
 
-    def send(self, *, again: bool = False, inputs: list[Any] | None = None) -> None:
+    def send(self, inputs: list[Any] | None = None) -> bool:
         """Run the backward compile as the lazy one will (grad and autocast off, named
         "backward", on a copy, with its example inputs, or ``inputs`` where given) until its
-        job is sent; once, or ``again`` with inputs restrided since. Inside the forward's
-        compile or not, with Inductor's per-compile state set aside; any error only means
-        nothing was sent."""
+        job is sent; unless it was sent with those strides already (the same key: every
+        caller may ask, only a restride sends it again). Inside the forward's compile or
+        not, with Inductor's per-compile state set aside; any error only means nothing was
+        sent. Whether it was tried."""
         import torch
         from torch._functorch._aot_autograd.logging_utils import track_graph_compiling
         from torch.fx.experimental.symbolic_shapes import fx_placeholder_vals
 
-        if self.sent_inputs is not None and not again:
-            return
         if inputs is None:
             inputs = self.inputs if self.inputs is not None else fx_placeholder_vals(self.bw_module)
+        if _same_strides(self.sent_inputs, inputs):
+            return False
         self.sent_inputs = inputs
         started = time.perf_counter()
         try:
@@ -132,6 +133,7 @@ class _Pending:
             warn_once(
                 "speculate", "compileq: backward not sent ahead (%s: %s)", type(e).__name__, e
             )
+        return True
 
     def lowered(self, payload: bytes) -> None:
         """The forward's output strides, stored by its worker once it lowered the forward
@@ -140,10 +142,8 @@ class _Pending:
         them unless it was sent with those strides already."""
         strides = fx_strides.parse(payload)
         inputs = None if strides is None else _restrided(self, strides)
-        if inputs is None or _same_strides(self.sent_inputs, inputs):
-            return
-        self.inputs = inputs
-        self.send(again=True)
+        if inputs is not None and self.send(inputs):
+            self.inputs = inputs
 
 
 def _restrided(pending: _Pending, strides: fx_strides.Strides) -> list[Any] | None:
@@ -460,10 +460,9 @@ def _prepared(pending: _Pending, result: Any) -> None:
     pending.inputs = inputs
     if pending.ddp or not pending.forward_sent:
         return
-    # Sent already with these strides: beside the forward (AOTAutograd replaced no input: it
-    # restrides only where strides differ), or once the worker lowered the forward.
-    if not _same_strides(pending.sent_inputs, inputs):
-        pending.send(again=True)
+    # Not again if sent with these strides: beside the forward (AOTAutograd replaced no
+    # input: it restrides only where strides differ), or once the worker lowered the forward.
+    pending.send()
 
 
 @contextmanager
@@ -633,10 +632,8 @@ def restrided(inputs: list[Any]) -> None:
     worker's early output (:func:`lowered`), is not sent again."""
     sent: OrderedDict[int, _Pending] | None = getattr(_thread, "restridable", None)
     pending = None if sent is None else sent.pop(id(inputs), None)
-    if pending is None or pending.inputs is not inputs:
-        return
-    if not _same_strides(pending.sent_inputs, inputs):
-        pending.send(again=True)
+    if pending is not None and pending.inputs is inputs:
+        pending.send()
 
 
 def lowered(inputs: list[Any], restrided: list[Any]) -> bool:
@@ -650,12 +647,7 @@ def lowered(inputs: list[Any], restrided: list[Any]) -> bool:
     forward this thread did not send is left to its lazy compile)."""
     sent: OrderedDict[int, _Pending] | None = getattr(_thread, "restridable", None)
     pending = None if sent is None else sent.get(id(inputs))
-    if pending is None or pending.inputs is not inputs:
-        return False
-    if _same_strides(pending.sent_inputs, restrided):
-        return False
-    pending.send(again=True, inputs=restrided)
-    return True
+    return pending is not None and pending.inputs is inputs and pending.send(restrided)
 
 
 @contextmanager

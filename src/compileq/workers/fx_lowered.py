@@ -3,8 +3,8 @@
 While a worker generates a forward, its client waits, and the backward it will send next
 needs the strides of the activations the forward saves (a convolution net's channels-last
 layout, padding: ``codegen/speculative.py``). Those are fixed once ``GraphLowering.run``
-returns (about a fifth of a graph's compile in stock's cold runs of timm's ResNet); the rest (scheduling, kernel code, the C++ and Triton
-builds) changes no output's layout. So for one codegen ``GraphLowering.run`` is wrapped (a
+returns (about a fifth of a graph's compile in stock's cold runs of timm's ResNet); the rest
+(scheduling, kernel code, the C++ and Triton builds) changes no output's layout. So for one codegen ``GraphLowering.run`` is wrapped (a
 ``Patches.swapped`` block, as the codegen state is), and when the outermost lowering of a
 training forward returns, its static output strides are stored under ``keys.early(job key)``
 (``tasks/fx_strides.py``) and announced on the completion channel.
@@ -12,8 +12,8 @@ training forward returns, its static output strides are stored under ``keys.earl
 Rejected alternatives: waiting for the output (the backward then starts after the whole
 codegen, the wait this removes); lowering the forward a second time in the client to learn
 them (Inductor's per-compile state there is the forward compile's own, and it costs the
-client's critical path that part of a compile again); storing them for every graph (a backward or
-an inference graph has no backward to send: one Redis write each for nothing).
+client's critical path that part of a compile again); storing them for every graph (a
+backward or an inference graph has no backward to send: one Redis write each for nothing).
 """
 
 from __future__ import annotations
