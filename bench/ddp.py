@@ -106,6 +106,8 @@ SAME_NAME_COUNTERS = (
     "tune_table_hits",
     "runtime_tune_hits",
     "runtime_autotunes",
+    "pad_decision_hits",
+    "pad_decision_timings",
     "ddp_subgraph_loads",
     "ddp_subgraph_records",
 )

@@ -76,10 +76,15 @@ class Cluster:
         return redis.Redis.from_url(self.url)
 
     def start_worker(
-        self, concurrency: int | None, cpu_only: bool | None = None, gpus: str | None = None
+        self,
+        concurrency: int | None,
+        cpu_only: bool | None = None,
+        gpus: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         """``gpus``: ``--gpus`` of a GPU worker (default 0: one GPU); ``concurrency`` None:
-        the worker's own default (its cores, shared among its GPUs), as deployed."""
+        the worker's own default (its cores, shared among its GPUs), as deployed; ``env``:
+        more of the worker's settings (``COMPILEQ_*``)."""
         self.stop_worker()
         cpu_only = (not self.gpu) if cpu_only is None else cpu_only
         args = ["--cpu-only", "--arch", "sm_90"] if cpu_only else ["--gpus", gpus or "0"]
@@ -93,7 +98,10 @@ class Cluster:
             self.workdir / f"worker-{self._workers_started:02d}-{kind}-{concurrency or 'cores'}.log"
         )
         self.worker = start_worker(
-            self.settings, self.worker_args, log, env={**self.env(), **self.worker_dirs()}
+            self.settings,
+            self.worker_args,
+            log,
+            env={**self.env(), **self.worker_dirs(), **(env or {})},
         )
 
     def stop_worker(self) -> None:

@@ -115,12 +115,16 @@ def run_cell(
     steps: int,
     extra: list[str],
     profile: Path | None = None,
+    runs: list[str] | None = None,
 ) -> dict[str, Any]:
-    """One cell's runs; ``profile``: a directory for cProfile files of its compileq_new run."""
+    """One cell's runs (``runs``: only these); ``profile``: a directory for cProfile files of
+    its compileq_new run."""
     nproc, config_args = CONFIGS[config]
     args = [*WORKLOADS[workload], *config_args, "--steps", str(steps), *extra]
     cell: dict[str, Any] = {}
     for name, mode, before, reuse in RUNS:
+        if runs is not None and name not in runs:
+            continue
         if before in ("flush", "cold"):
             cluster.flush()
         if before == "cold":
@@ -161,13 +165,35 @@ def main(argv: list[str] | None = None) -> int:
         help="run each cell's compileq_new under cProfile (RUN.pstats in --out; its timings "
         "then carry the profiler's cost)",
     )
+    parser.add_argument(
+        "--runs",
+        default=None,
+        help="only these runs of each cell (e.g. compileq_cold; default: all). A run reusing "
+        "another's dirs (stock_warm_local) needs that one too",
+    )
+    parser.add_argument(
+        "--profile-codegen",
+        action="store_true",
+        help="the worker writes a cProfile of each graph's codegen (codegen-profiles/KEY.pstats "
+        "in --out; the codegens then carry the profiler's cost)",
+    )
+    parser.add_argument(
+        "--dump-codegen",
+        action="store_true",
+        help="the worker writes what each graph's codegen was given (codegen-dumps/KEY.txt in "
+        "--out): why two ranks sent two graphs, read with diff",
+    )
     parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "bench-out"))
     args = parser.parse_args(argv)
     workloads, configs = args.workloads.split(","), args.configs.split(",")
+    runs = args.runs.split(",") if args.runs else None
+    known_runs = [name for name, *_ in RUNS]
     if unknown := (set(workloads) - set(WORKLOADS)) | (set(configs) - set(CONFIGS)):
         parser.error(
             f"unknown {sorted(unknown)}; workloads {list(WORKLOADS)}, configs {list(CONFIGS)}"
         )
+    if runs is not None and (unknown := set(runs) - set(known_runs)):
+        parser.error(f"unknown runs {sorted(unknown)}; runs {known_runs}")
     gpus = torch.cuda.device_count()
     if (needed := max(gpus_needed(c) for c in configs)) > gpus:
         parser.error(f"configurations {configs} need {needed} GPUs; this machine has {gpus}")
@@ -190,13 +216,23 @@ def main(argv: list[str] | None = None) -> int:
     workdir = new_workdir()
     cluster = Cluster(workdir, gpu=bool(gpus)).start()
     try:
-        cluster.start_worker(None, gpus="all" if gpus else None)
+        debug = {}
+        if args.profile_codegen:
+            debug["COMPILEQ_CODEGEN_PROFILE_DIR"] = str(out / "codegen-profiles")
+        if args.dump_codegen:
+            debug["COMPILEQ_CODEGEN_DUMP_DIR"] = str(out / "codegen-dumps")
+        cluster.start_worker(None, gpus="all" if gpus else None, env=debug)
         for workload in workloads:
             for config in configs:
                 extra = args.script_args.split()
                 profile = out if args.cprofile_new else None
-                cell = run_cell(cluster, workdir, workload, config, args.steps, extra, profile)
-                results["cells"][f"{workload}/{config}"] = cell
+                cell = run_cell(
+                    cluster, workdir, workload, config, args.steps, extra, profile, runs
+                )
+                name, again = f"{workload}/{config}", 2
+                while name in results["cells"]:  # a cell asked for again: its own entry
+                    name, again = f"{workload}/{config}#{again}", again + 1
+                results["cells"][name] = cell
                 (out / "matrix.json").write_text(json.dumps(results, indent=1))
     finally:
         cluster.close()

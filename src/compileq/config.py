@@ -189,6 +189,18 @@ class Settings(BaseSettings):
         description="Send a C++ object Inductor must build to a worker with the same compiler, "
         "torch and CPU (any node), and build it here only if none can.",
     )
+    codegen_profile_dir: str | None = Field(
+        None,
+        description="A directory where each worker process writes a cProfile of every graph "
+        "it generates (KEY.pstats, read with `python -m bench.profile_report`): where one "
+        "graph's codegen goes. Off by default: the profiler slows the codegen it measures.",
+    )
+    codegen_dump_dir: str | None = Field(
+        None,
+        description="A directory where each worker process writes what every graph it "
+        "generates was given (KEY.txt: the job's header, Inductor's arguments, each input's "
+        "layout, the graph's code): why two processes sent two graphs, read with diff.",
+    )
     progress: typing.Literal["auto", "always", "never"] = Field(
         "auto",
         description="The client's progress line and its summary at exit, on stderr: auto on "

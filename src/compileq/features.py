@@ -37,6 +37,7 @@ from compileq.inductor import (
     gc_window,
     graph_cache,
     index_free,
+    pad_decisions,
     profiles,
     runtime_tuning,
     triton_modules,
@@ -127,6 +128,7 @@ FEATURES: tuple[Feature, ...] = (
     profiles.FEATURE,  # profiles; clients: the job's profile loaded and saved
     autotune.FEATURE,  # tune_on_workers: autotuning timings shared and taken by GPU workers
     runtime_tuning.FEATURE,  # graph_cache; clients: kernels' first-launch timings shared
+    pad_decisions.FEATURE,  # graph_cache; clients: matmul padding decided once, shared
     remote.FEATURE.using(_remote_fx_compile),  # fx; clients: FX codegen on workers
     speculative.FEATURE,  # fx, speculate; clients: backwards sent with their forwards
     deferred.FEATURE,  # fx, defer_forwards; clients: DDP forwards generated side by side

@@ -75,6 +75,10 @@ class Counter(str, enum.Enum):
     #: (inductor/runtime_tuning.py), and kernels that benchmarked configs at first launch.
     RUNTIME_TUNE_HITS = "runtime_tune_hits"
     RUNTIME_AUTOTUNES = "runtime_autotunes"
+    #: Matmul padding decisions (inductor/pad_decisions.py): found in the store, and timed
+    #: here (once per matmul per cluster where ranks do not time it at the same moment).
+    PAD_DECISION_HITS = "pad_decision_hits"
+    PAD_DECISION_TIMINGS = "pad_decision_timings"
     FALLBACKS = "fallbacks"
     INTEGRITY_FAILURES = "integrity_failures"
     FOREIGN_SECRET_ENTRIES = "foreign_secret_entries"

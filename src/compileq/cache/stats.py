@@ -93,6 +93,8 @@ KINDS = (
     ),
     # A kernel not found benchmarks its configs at first launch, in the client: a local build.
     Kind("runtime tuning", Counter.RUNTIME_TUNE_HITS, None, None, Counter.RUNTIME_AUTOTUNES),
+    # A matmul padding decision not found is timed in the client: a local build.
+    Kind("padding decisions", Counter.PAD_DECISION_HITS, None, None, Counter.PAD_DECISION_TIMINGS),
 )
 
 #: Queue prefixes and the kind of build a worker on them does.
