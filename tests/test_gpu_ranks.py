@@ -131,6 +131,15 @@ def test_a_ddp_job_on_two_gpus_generates_each_graph_once_and_matches_stock(
     assert entries(client, "fx") == graphs, job.stderr[-3000:]
     records = entries(client, "aotddp")
     assert records == counters["ddp_subgraph_records"] >= graphs // 2
+    # A new machine: nothing generated, and every kernel from the entries it loads. A
+    # deferred forward's entry carries the kernels its load collected
+    # (codegen/deferred.py, _kernels_bundled): none is fetched one by one.
+    new = run_script(env, tmp_path, "ddp-new-machine", LLAMA, *args, nproc=2)
+    after = stats(env, tmp_path)
+    grew = {k: v - counters.get(k, 0) for k, v in after.items() if isinstance(v, int)}
+    assert all(r["matches_eager"] for r in new.ranks), new.ranks
+    assert grew["fx_remote_compiles"] == grew["fx_local_compiles"] == 0, grew
+    assert grew.get("kernel_hits", 0) + grew.get("kernel_misses", 0) == 0, grew
     wipe_cache(client)
     per_index = {"COMPILEQ_INDEX_FREE_KEYS": "0"}
     run_script(env, tmp_path, "ddp-per-index", LLAMA, *args, nproc=2, extra_env=per_index)

@@ -43,9 +43,10 @@ nothing would check its strides before its first call).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from compileq._log import log, warn_once
@@ -127,7 +128,8 @@ class Forward:
             self.reported = context.output_strides
 
     def set_triton_bundle(self, bundle: Any) -> None:
-        """Inductor's bundle of this compile's kernels: none were loaded here yet."""
+        """Inductor's bundle of this compile's kernels: none were loaded here yet (the real
+        graph gets its own, ``_kernels_bundled``)."""
 
     def then(self, fn: Callable[[Any], None]) -> None:
         """Run ``fn(graph)`` once the real graph is loaded (Inductor's FX-cache put)."""
@@ -142,12 +144,21 @@ class Forward:
         early outputs read while its output is waited for (``_settled``)."""
         if self._graph is None:
             self.early = None
-            graph = self._fetch(others or {})
-            for name in ("_time_taken_ns", "_fx_graph_cache_key", "_fx_graph_cache_debug_lines"):
-                if name in vars(self):
-                    setattr(graph, name, vars(self)[name])
-            if self._post is not None:
-                graph.post_compile(*self._post)
+            with _kernels_bundled() as bundle:
+                graph = self._fetch(others or {})
+                for name in (
+                    "_time_taken_ns",
+                    "_fx_graph_cache_key",
+                    "_fx_graph_cache_debug_lines",
+                ):
+                    if name in vars(self):
+                        setattr(graph, name, vars(self)[name])
+                if self._post is not None:
+                    graph.post_compile(*self._post)
+            keep = getattr(graph, "set_triton_bundle", None)
+            if bundle and keep is not None:
+                with contextlib.suppress(NotImplementedError):  # an output without bundles
+                    keep(bundle[0])
             self._graph = graph
             self._run = graph
             for fn in self._then:
@@ -216,6 +227,33 @@ class Forward:
 
     def __call__(self, args: Any) -> Any:
         return self._run(args)
+
+
+@contextlib.contextmanager
+def _kernels_bundled() -> Iterator[list[Any]]:
+    """Inductor's bundle of the kernels a deferred forward loads within: what its FX entry
+    carries, so that a process loading the entry finds its kernels there.
+
+    Inductor collects a compile's kernels as it loads them (``TritonBundler``, between
+    ``begin_compile`` and ``collect``, around codegen in ``compile_fx_inner``) and stores them
+    in the graph's FX entry. A deferred forward's kernels load later, here, outside that
+    window: its entry went out without them, and a new machine under DDP fetched every kernel
+    one by one (132 fetches for timm's ResNet on two H200s, none on one GPU). The bundle is
+    empty (and nothing is set) where Inductor's bundling is off or another compile's window
+    is open (its kernels are that compile's)."""
+    from torch._inductor.triton_bundler import TritonBundler
+
+    collected: list[Any] = []
+    if getattr(TritonBundler, "_entries", None) is not None:
+        yield collected
+        return
+    TritonBundler.begin_compile()
+    try:
+        yield collected
+        bundle = TritonBundler.collect()
+        collected.append(bundle[0] if isinstance(bundle, tuple) else bundle)
+    finally:
+        TritonBundler.end_compile()
 
 
 def assumed_strides(gm: Any, example_inputs: Sequence[Any]) -> list[tuple[int, ...] | None] | None:
