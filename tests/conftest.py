@@ -291,13 +291,21 @@ class Worker:
     process: subprocess.Popen[bytes]
     log: Path
     metrics_port: int | None = None
+    #: Where it writes what each graph's codegen was given (``COMPILEQ_CODEGEN_DUMP_DIR``).
+    codegen_dumps: Path | None = None
 
 
 #: What every test's worker is unless it says otherwise: cross-compiling for an H100, no GPU.
 CPU_ONLY = ("--cpu-only", "--arch", "sm_90")
 
 
-def start_worker(env: Env, logdir: Path, *args: str, device: Sequence[str] = CPU_ONLY) -> Worker:
+def start_worker(
+    env: Env,
+    logdir: Path,
+    *args: str,
+    device: Sequence[str] = CPU_ONLY,
+    extra_env: dict[str, str] | None = None,
+) -> Worker:
     log = logdir / f"worker-{time.monotonic_ns()}.log"
     settings = Settings(redis_url=env.redis_url, secret=SECRET)
     # Its own Inductor cache too: the default (/tmp/torchinductor_<user>) outlives the session,
@@ -305,6 +313,7 @@ def start_worker(env: Env, logdir: Path, *args: str, device: Sequence[str] = CPU
     worker_env = env.vars(
         TRITON_CACHE_DIR=str(logdir / "worker-triton"),
         TORCHINDUCTOR_CACHE_DIR=str(logdir / "worker-inductor"),
+        **(extra_env or {}),
     )
     argv = [*device, "--concurrency", "2", *args]
     return Worker(localstack.start_worker(settings, argv, log, env=worker_env), log)
@@ -318,8 +327,11 @@ def stop_worker(worker: Worker) -> None:
 def worker(env: Env, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
     # With a metrics endpoint: a test scrapes it instead of paying for a worker of its own.
     port = localstack.free_port()
-    w = start_worker(env, tmp_path_factory.mktemp("worker"), "--metrics-port", str(port))
-    w.metrics_port = port
+    # And writing what each codegen was given: a test reads it instead of starting its own.
+    logdir = tmp_path_factory.mktemp("worker")
+    dumps = {"COMPILEQ_CODEGEN_DUMP_DIR": str(logdir / "codegen-dumps")}
+    w = start_worker(env, logdir, "--metrics-port", str(port), extra_env=dumps)
+    w.metrics_port, w.codegen_dumps = port, logdir / "codegen-dumps"
     yield w
     stop_worker(w)
 

@@ -103,6 +103,42 @@ def test_a_model_compiled_through_a_worker_matches_eager_forward_and_backward(
     assert "compiling the graph in process" not in run.stderr
 
 
+def test_a_worker_asked_to_writes_what_each_codegen_was_given_under_its_key(
+    two_machines: TwoMachines, worker: Worker, redis_server: RedisServer
+) -> None:
+    """``COMPILEQ_CODEGEN_DUMP_DIR`` (workers/fx_debug.py), set for the session's worker: each
+    graph it generated has a readable file under its key, enough to tell two graphs apart."""
+    assert worker.codegen_dumps is not None
+    built = [k.decode() for k in redis_server.client().scan_iter(match=keys.artifact(FX, "*"))]
+    assert len(built) == 2  # the forward and the backward of the first machine
+    texts = [(worker.codegen_dumps / f"{k.rsplit(':', 1)[-1][:32]}.txt").read_text() for k in built]
+    for key, text in zip(built, texts, strict=True):
+        lines = text.splitlines()
+        assert lines[0] == f"key {key}"
+        assert any(line.startswith("graph_key ") for line in lines)
+        assert any(line.startswith("input 0 torch.float32 cpu (") for line in lines), text[:2000]
+        assert "def forward(self" in text  # the graph's code
+    assert sorted(t.count("graph_kwargs is_backward True") for t in texts) == [0, 1]
+
+
+def test_a_codegen_profile_is_written_under_the_graphs_key_and_reads_as_one(
+    tmp_path: Path,
+) -> None:
+    import pstats
+
+    from compileq.workers import fx_debug
+
+    key = keys.artifact(FX, "ab" * 32)
+    with fx_debug.profiled(str(tmp_path / "profiles"), key):
+        sorted(random.random() for _ in range(1000))
+    with fx_debug.profiled(None, key):  # off: nothing written, nothing profiled
+        pass
+    [written] = (tmp_path / "profiles").iterdir()
+    assert written.name == "ab" * 16 + ".pstats"
+    names = {func[2] for func in pstats.Stats(str(written)).stats}  # type: ignore[attr-defined]
+    assert "<genexpr>" in names
+
+
 def test_a_new_machine_gets_graphs_and_cpp_kernels_and_compiles_nothing_anywhere(
     two_machines: TwoMachines,
 ) -> None:

@@ -356,16 +356,6 @@ class Deferred(Feature):
         super().disable()
         self.off = False
 
-    def count(self, counter: Counter) -> None:
-        """Count one ``counter`` in the store; a count may be lost, never a compile."""
-        client = self.client
-        if client is None:
-            return
-        try:
-            client.store.count({counter: 1})
-        except Exception as e:
-            log.debug("compileq: %s not counted (%s)", counter.value, e)
-
     def _patch_ddp(self, module: Any) -> None:
         optimizer = getattr(module, "DDPOptimizer", None)
         if optimizer is not None:

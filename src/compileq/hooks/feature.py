@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from compileq._log import log
+from compileq.cache.counters import Counter
 from compileq.hooks.ledger import Patches
 
 if TYPE_CHECKING:
@@ -77,6 +79,17 @@ class Feature:
 
     def __repr__(self) -> str:
         return f"<feature {self.name}>"
+
+    def count(self, counter: Counter) -> None:
+        """Count one ``counter`` in the store; a count may be lost (Redis away or failing),
+        never a compile."""
+        client = self.client
+        if client is None or client.redis_down():
+            return
+        try:
+            client.store.count({counter: 1})
+        except Exception as e:
+            log.debug("compileq: %s not counted (%s)", counter.value, e)
 
     def wanted(self, ctx: Context) -> bool:
         """Whether ``install()`` with this context wants the feature on."""

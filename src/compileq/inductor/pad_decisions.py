@@ -30,7 +30,6 @@ inside their compile; both timing once costs what stock costs); turning the pass
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -102,13 +101,6 @@ class PadDecisions(Feature):
         except (redis.RedisError, CompileqError) as e:
             warn_once("pad-decisions-put", "compileq: padding decision not shared: %s", e)
         return decision
-
-    def count(self, counter: Counter) -> None:
-        client = self.client
-        if client is None or client.redis_down():
-            return
-        with contextlib.suppress(redis.RedisError):  # a count lost costs nothing
-            client.store.count({counter: 1})
 
 
 FEATURE = PadDecisions()

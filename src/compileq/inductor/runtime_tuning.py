@@ -39,7 +39,6 @@ training step; two ranks timing the same kernel once on a cold cluster cost what
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import json
@@ -248,13 +247,6 @@ class RuntimeTuning(Feature):
                 client.store.put(key, payload)
         except (redis.RedisError, CompileqError, TypeError, ValueError) as e:
             warn_once("runtime-tuning-put", "compileq: runtime timings not cached: %s", e)
-
-    def count(self, counter: Counter) -> None:
-        client = self.client
-        if client is None or client.redis_down():
-            return
-        with contextlib.suppress(redis.RedisError):  # a count lost costs nothing
-            client.store.count({counter: 1})
 
 
 FEATURE = RuntimeTuning()

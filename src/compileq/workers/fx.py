@@ -15,7 +15,6 @@ import gc
 import os
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from compileq import keys
@@ -27,7 +26,7 @@ from compileq.errors import ToolchainMismatch
 from compileq.hooks.ledger import Patches
 from compileq.tasks.fx_jobs import CODEGEN_ENV, FX, CodegenState, FxJob
 from compileq.tasks.fx_wire import wire
-from compileq.workers import fx_lowered
+from compileq.workers import fx_debug, fx_lowered
 from compileq.workers.lifecycle import WorkerContext, admit, failed, open_job, settle
 
 _installed_pid: int | None = None
@@ -135,93 +134,14 @@ def generate(ctx: WorkerContext, job: FxJob, laps: Laps, key: str) -> tuple[byte
         wire(),
         _full_collections_postponed(),
         _collections() as collected,
-        _profiled(ctx.settings.codegen_profile_dir, key),
-        _dumped(ctx.settings.codegen_dump_dir, key, job),
+        fx_debug.profiled(ctx.settings.codegen_profile_dir, key),
+        fx_debug.dumped(ctx.settings.codegen_dump_dir, key, job),
     ):
         output = _OutOfProcessFxCompile._run_in_child(_WireProtocolPickledInput(job.pickled_input))
     laps.lap("codegen")
     phases = _inductor_phases(before)
     within = (lowered.describe(), phases, collected.describe())
     return bytes(output.value), ", ".join(p for p in within if p)
-
-
-@contextlib.contextmanager
-def _profiled(directory: str | None, key: str) -> Iterator[None]:
-    """With ``codegen_profile_dir`` set: this codegen under cProfile, written to
-    ``DIR/KEY.pstats`` (the key's hash part). Its log line's phases name Inductor's timed
-    phases only; the profile names what runs inside them (per kernel, per pass)."""
-    if not directory:
-        yield
-        return
-    import cProfile
-
-    profile = cProfile.Profile()
-    profile.enable()
-    try:
-        yield
-    finally:
-        profile.disable()
-        path = Path(directory) / f"{key.rsplit(':', 1)[-1][:32]}.pstats"
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            profile.dump_stats(path)
-        except OSError as e:  # a diagnostic: never the codegen's failure
-            log.warning("compileq worker: could not write %s: %s", path, e)
-
-
-#: Inductor's in-process codegen, wrapped for one job to write what it was given (``_dumped``).
-_CODEGEN_DUMP = Patches("fx-codegen-dump")
-
-
-def _described(value: Any) -> str:
-    """An example input as a key would see it: a tensor's dtype, device, sizes and strides."""
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return f"{value.dtype} {value.device} {tuple(value.shape)} {tuple(value.stride())}"
-    return f"{type(value).__name__} {value!r}"
-
-
-@contextlib.contextmanager
-def _dumped(directory: str | None, key: str, job: FxJob) -> Iterator[None]:
-    """With ``codegen_dump_dir`` set: what this codegen was given, readable, in
-    ``DIR/KEY.txt`` (the job's header, Inductor's arguments, each example input's layout and
-    the graph's code): two keys where one was expected are told apart with ``diff``."""
-    if not directory:
-        yield
-        return
-    from torch._inductor.compile_fx import _InProcessFxCompile
-
-    lines = [
-        f"key {key}",
-        f"graph_key {job.graph_key}",
-        f"target {job.target}",
-        f"toolchain {job.toolchain}",
-        f"env {job.env}",
-        f"state {job.state.to_json()}",
-    ]
-
-    original = _InProcessFxCompile.codegen_and_compile
-
-    def codegen_and_compile(
-        self: Any, gm: Any, example_inputs: Any, inputs_to_check: Any, graph_kwargs: Any
-    ) -> Any:
-        lines.append(f"inputs_to_check {list(inputs_to_check)}")
-        lines.extend(f"graph_kwargs {k} {v!r}" for k, v in sorted(graph_kwargs.items()))
-        lines.extend(f"input {i} {_described(x)}" for i, x in enumerate(example_inputs))
-        lines.append(gm.code)
-        return original(self, gm, example_inputs, inputs_to_check, graph_kwargs)
-
-    try:
-        with _CODEGEN_DUMP.swapped(_InProcessFxCompile, "codegen_and_compile", codegen_and_compile):
-            yield
-    finally:
-        path = Path(directory) / f"{key.rsplit(':', 1)[-1][:32]}.txt"
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text("\n".join(lines) + "\n")
-        except OSError as e:  # a diagnostic: never the codegen's failure
-            log.warning("compileq worker: could not write %s: %s", path, e)
 
 
 class _Collections:
