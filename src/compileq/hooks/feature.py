@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from compileq._log import log
-from compileq.cache.counters import Counter
 from compileq.hooks.ledger import Patches
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the boot hook imports this module, and must import neither redis nor pydantic
+    from compileq.cache.counters import Counter
     from compileq.cache.store import RedisStore
     from compileq.config import Settings
 
