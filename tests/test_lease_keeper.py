@@ -108,6 +108,24 @@ def test_a_sender_keeps_its_sent_jobs_lease_until_the_worker_drops_it_and_no_lon
     assert not db.exists(keys.lock("queued"))
 
 
+def test_a_lease_held_past_its_hold_limit_is_still_handed_back_at_release(
+    db: redis.Redis,
+) -> None:
+    """A compile that outlives ``max_hold_s`` (the deadline: a graph compiled here after the
+    wait for its worker ran out) is refreshed no longer, but its lease is still its own: the
+    put's release hands it back instead of leaving it to other processes for its TTL."""
+    leases = Leases(db, ttl_s=1.0, max_hold_s=0.01, secret=_SECRET, owner="compiler")
+    assert leases.acquire("graph")
+    time.sleep(0.5)  # one refresh (every ttl / 3): past max_hold_s, refreshed no longer
+    assert leases.held() == [] and db.exists(keys.lock("graph"))
+    leases.release("graph")
+    assert not db.exists(keys.lock("graph"))
+    # Another's lease under the same name is never dropped by this owner's release.
+    assert take_many(db, ["graph"], "other", 60_000, secret=_SECRET) == [True]
+    leases.release("graph")
+    assert db.exists(keys.lock("graph"))
+
+
 def test_a_job_built_past_its_senders_lease_keeps_the_lease_and_is_built_once(
     env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
 ) -> None:

@@ -263,10 +263,15 @@ class Leases:
                 self._thread.start()
 
     def release(self, key: str) -> None:
+        """Hand ``key``'s lease back if this owner holds it (owner-checked in Redis), whether
+        or not it is still refreshed: a lease held past ``max_hold_s`` is refreshed no longer
+        but is ours until its TTL. Releasing only leases still refreshed left one behind for
+        its whole TTL after every compile longer than the deadline (a graph compiled here
+        once the wait for its worker ran out), and other processes asking for that graph
+        waited on it; the suite's lease-keeper test caught one."""
         with self._lock:
-            held = self._held.pop(key, None)
-        if held is not None:
-            self._release(keys=[keys.lock(key)], args=[self.owner])
+            self._held.pop(key, None)
+        self._release(keys=[keys.lock(key)], args=[self.owner])
 
     def _mine(self) -> list[str]:
         mine: list[str] | None = getattr(self._by_thread, "keys", None)
