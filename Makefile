@@ -67,6 +67,9 @@ demo: setup
 # import 6.8 s, the fast state) and 31.3 for the review's code (import 6.9 s); CI took 32.5
 # for that code, setup included; 30.9 here with 30 s of chaos (was 45) and a starved worker's
 # census in test-all (import 7.35 s), and 29.6 with the capacity bench's real run there too.
+# CI took 27.2 for that code, setup included. 11.5 and 11.8 here for the nineteenth session's
+# (padding decisions, the codegen dump on the session's worker, the lease fix) on a machine
+# far faster than any before (Inductor's import 2.9 s of CPU against 6.8-8.7): not comparable.
 # The 2 cores are saturated throughout (vmstat: 3-8% idle on average), so a third process only slows every
 # test: the suite's time is its CPU, two-thirds of it fresh processes importing torch. Which
 # tests share a process (the Docker ones; those sharing a cold job) is
