@@ -24,7 +24,7 @@ from compileq.hooks.ledger import Patches
 
 if TYPE_CHECKING:  # the boot hook imports this module, and must import neither redis nor pydantic
     from compileq.cache.counters import Counter
-    from compileq.cache.store import RedisStore
+    from compileq.cache.store import Entry, RedisStore
     from compileq.config import Settings
 
 
@@ -79,6 +79,24 @@ class Feature:
 
     def __repr__(self) -> str:
         return f"<feature {self.name}>"
+
+    def entry(self, key: str, unavailable: str) -> Entry | None:
+        """The verified store entry under ``key``: None where there is none, this feature is
+        off, or Redis is away (said once per ``unavailable``, the log's name for what is lost).
+        """
+        import redis  # here, not at start-up (see above)
+
+        from compileq._log import warn_once
+
+        client = self.client
+        if client is None or client.redis_down():
+            return None
+        try:
+            found: Entry | None = client.store.get_many([key])[0]
+        except redis.RedisError as e:
+            warn_once(unavailable, "compileq: %s unavailable (%s)", unavailable, e)
+            return None
+        return found
 
     def count(self, counter: Counter) -> None:
         """Count one ``counter`` in the store; a count may be lost (Redis away or failing),

@@ -68,14 +68,7 @@ class PadDecisions(Feature):
 
     def lookup(self, key: str) -> bool | None:
         """The stored decision for ``key``; None where there is none, or none to trust."""
-        client = self.client
-        if client is None or client.redis_down():
-            return None
-        try:
-            entry = client.store.get_many([key])[0]
-        except redis.RedisError as e:
-            warn_once("pad-decisions", "compileq: shared padding decisions unavailable (%s)", e)
-            return None
+        entry = self.entry(key, "shared padding decisions")
         if entry is None:
             return None
         decision = decode(entry.payload())

@@ -209,14 +209,9 @@ class RuntimeTuning(Feature):
     # -- the store ---------------------------------------------------------------------------
 
     def lookup(self, key: str | None) -> dict[Any, float] | None:
-        client = self.client
-        if key is None or client is None or client.redis_down():
+        if key is None:
             return None
-        try:
-            entry = client.store.get_many([key])[0]
-        except redis.RedisError as e:
-            warn_once("runtime-tuning", "compileq: runtime tuning cache unavailable (%s)", e)
-            return None
+        entry = self.entry(key, "runtime tuning cache")
         if entry is None:
             log.debug("compileq: runtime timings %s not in the store", key[-12:])
             return None
@@ -228,7 +223,7 @@ class RuntimeTuning(Feature):
             # value), so it costs one benchmark, not one per process.
             log.warning("compileq: runtime tuning entry rejected: %s", e)
             self.bad.add(key)
-            client.store.count({Counter.INTEGRITY_FAILURES: 1})
+            self.count(Counter.INTEGRITY_FAILURES)
             return None
 
     def save(self, key: str | None, timings: dict[Any, float], replace: bool) -> None:
