@@ -121,6 +121,13 @@ def test_a_decision_is_keyed_by_the_gpu_model_and_torch() -> None:
     key = a_matmul()
     assert pad_decisions.store_key(key) == pad_decisions.store_key(key)
     assert pad_decisions.store_key(key) != pad_decisions.store_key(key + " ")
+    # The margin a padded matmul must win by decides too, and Inductor's key leaves it out.
+    from torch._inductor import config
+
+    default = pad_decisions.store_key(key)
+    margin = {"shape_padding_multiplier": {"value": 1.3}}
+    with config.patch(post_grad_fusion_options=margin):
+        assert pad_decisions.store_key(key) != default
     assert pad_decisions._gpu_name() == (
         torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     )

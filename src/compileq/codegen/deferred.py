@@ -46,7 +46,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from compileq._log import log, warn_once
@@ -129,7 +129,7 @@ class Forward:
 
     def set_triton_bundle(self, bundle: Any) -> None:
         """Inductor's bundle of this compile's kernels: none were loaded here yet (the real
-        graph gets its own, ``_kernels_bundled``)."""
+        graph gets its own, ``_bundled``)."""
 
     def then(self, fn: Callable[[Any], None]) -> None:
         """Run ``fn(graph)`` once the real graph is loaded (Inductor's FX-cache put)."""
@@ -144,26 +144,22 @@ class Forward:
         early outputs read while its output is waited for (``_settled``)."""
         if self._graph is None:
             self.early = None
-            with _kernels_bundled() as bundle:
-                graph = self._fetch(others or {})
-                for name in (
-                    "_time_taken_ns",
-                    "_fx_graph_cache_key",
-                    "_fx_graph_cache_debug_lines",
-                ):
-                    if name in vars(self):
-                        setattr(graph, name, vars(self)[name])
-                if self._post is not None:
-                    graph.post_compile(*self._post)
-            keep = getattr(graph, "set_triton_bundle", None)
-            if bundle and keep is not None:
-                with contextlib.suppress(NotImplementedError):  # an output without bundles
-                    keep(bundle[0])
+            graph = _bundled(functools.partial(self._load, others or {}))
             self._graph = graph
             self._run = graph
             for fn in self._then:
                 fn(graph)
         return self._graph
+
+    def _load(self, others: Mapping[str, Early]) -> Any:
+        """The worker's output fetched, named and post-compiled as Inductor's own would be."""
+        graph = self._fetch(others)
+        for name in ("_time_taken_ns", "_fx_graph_cache_key", "_fx_graph_cache_debug_lines"):
+            if name in vars(self):
+                setattr(graph, name, vars(self)[name])
+        if self._post is not None:
+            graph.post_compile(*self._post)
+        return graph
 
     def lowered(self, payload: bytes) -> None:
         """Its worker's early output: the strides its outputs will have, known once the
@@ -229,31 +225,29 @@ class Forward:
         return self._run(args)
 
 
-@contextlib.contextmanager
-def _kernels_bundled() -> Iterator[list[Any]]:
-    """Inductor's bundle of the kernels a deferred forward loads within: what its FX entry
-    carries, so that a process loading the entry finds its kernels there.
+def _bundled(load: Callable[[], Any]) -> Any:
+    """``load()``'s graph, carrying Inductor's bundle of the kernels it loaded: what its FX
+    entry stores, so that a process loading the entry finds its kernels there.
 
     Inductor collects a compile's kernels as it loads them (``TritonBundler``, between
     ``begin_compile`` and ``collect``, around codegen in ``compile_fx_inner``) and stores them
     in the graph's FX entry. A deferred forward's kernels load later, here, outside that
     window: its entry went out without them, and a new machine under DDP fetched every kernel
-    one by one (132 fetches for timm's ResNet on two H200s, none on one GPU). The bundle is
-    empty (and nothing is set) where Inductor's bundling is off or another compile's window
-    is open (its kernels are that compile's)."""
+    one by one (132 fetches for timm's ResNet on two H200s, none on one GPU). Where another
+    compile's window is open, its kernels are that compile's: nothing is bundled here."""
     from torch._inductor.triton_bundler import TritonBundler
 
-    collected: list[Any] = []
     if getattr(TritonBundler, "_entries", None) is not None:
-        yield collected
-        return
+        return load()
     TritonBundler.begin_compile()
     try:
-        yield collected
+        graph = load()
         bundle = TritonBundler.collect()
-        collected.append(bundle[0] if isinstance(bundle, tuple) else bundle)
     finally:
         TritonBundler.end_compile()
+    with contextlib.suppress(AttributeError, NotImplementedError):  # an output without bundles
+        graph.set_triton_bundle(bundle[0] if isinstance(bundle, tuple) else bundle)
+    return graph
 
 
 def assumed_strides(gm: Any, example_inputs: Sequence[Any]) -> list[tuple[int, ...] | None] | None:

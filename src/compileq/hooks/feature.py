@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from compileq._log import log
+from compileq._log import log, warn_once
 from compileq.hooks.ledger import Patches
 
 if TYPE_CHECKING:  # the boot hook imports this module, and must import neither redis nor pydantic
@@ -85,8 +85,6 @@ class Feature:
         off, or Redis is away (said once per ``unavailable``, the log's name for what is lost).
         """
         import redis  # here, not at start-up (see above)
-
-        from compileq._log import warn_once
 
         client = self.client
         if client is None or client.redis_down():

@@ -117,14 +117,19 @@ def _gpu_name() -> str:
 
 
 def store_key(key: str) -> str:
-    """The store key of Inductor's padding key ``key`` on this process's GPU model."""
+    """The store key of Inductor's padding key ``key`` on this process's GPU model, with the
+    margin a padded matmul must win by (``shape_padding_multiplier``: it decides, and
+    Inductor's key leaves it out)."""
     import torch
+    from torch._inductor import config
 
+    options = config.post_grad_fusion_options
     material = {
         "kind": KIND,
         "format": FORMAT,
         "torch": torch.__version__,
         "gpu": _gpu_name(),
+        "multiplier": repr(options.get("shape_padding_multiplier")),
         "key": key,
     }
     return keys.artifact_of(KIND, material)
@@ -148,8 +153,6 @@ def _not_stored(key: str) -> bool | None:
 @boundary.guard("padding decisions", instead=_not_stored)
 def _stored(key: str) -> bool | None:
     """The decision another process stored for Inductor's padding key ``key``, if any."""
-    if not isinstance(key, str):
-        return None
     stored = FEATURE.lookup(store_key(key))
     if stored is not None:
         FEATURE.count(Counter.PAD_DECISION_HITS)
@@ -175,8 +178,6 @@ def _as_timed(key: str, decision: bool) -> bool:
 def _standing(key: str, decision: bool) -> bool:
     """The decision every process keeps for ``key``: the first stored, else ``decision``."""
     FEATURE.count(Counter.PAD_DECISION_TIMINGS)
-    if not isinstance(key, str):
-        return decision
     standing = FEATURE.offer(store_key(key), decision)
     if standing != decision:
         from torch._inductor.fx_passes import pad_mm
