@@ -133,7 +133,7 @@ def test_a_ddp_job_on_two_gpus_generates_each_graph_once_and_matches_stock(
     assert records == counters["ddp_subgraph_records"] >= graphs // 2
     # A new machine: nothing generated, and every kernel from the entries it loads. A
     # deferred forward's entry carries the kernels its load collected
-    # (codegen/deferred.py, _kernels_bundled): none is fetched one by one.
+    # (codegen/deferred.py, _bundled): none is fetched one by one.
     new = run_script(env, tmp_path, "ddp-new-machine", LLAMA, *args, nproc=2)
     after = stats(env, tmp_path)
     grew = {k: v - counters.get(k, 0) for k, v in after.items() if isinstance(v, int)}
