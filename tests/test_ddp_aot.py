@@ -153,3 +153,31 @@ def test_a_subgraph_whose_record_is_lost_or_forged_compiles_while_the_others_loa
         assert new["losses"] == old["losses"]
     # Compiled again, both are recorded again (the forgery's place); the kept one untouched.
     assert clean_cache.exists(lost, forged, kept) == 3
+
+
+def test_a_recorded_output_made_again_keeps_inductors_static_mark_and_so_the_next_key() -> None:
+    # Inductor marks a GPU graph's static inputs on the example tensors (and then keys their
+    # storage): a subgraph's output the backward's compile marked went into the next
+    # subgraph's key marked, and came back from the record unmarked, so the next subgraph
+    # missed on every new machine (transformers' rotary tables on an H200).
+    import torch
+    from torch._inductor.codecache import extract_tensor_metadata_for_cache_key
+
+    mode = torch._subclasses.fake_tensor.FakeTensorMode()
+    with mode:
+        marked, plain = torch.empty(1, 32, 64), torch.empty(4, 8).requires_grad_(True)
+    marked._is_inductor_static = True  # type: ignore[attr-defined]
+    described = ddp_aot._describe([marked, plain, None, 3])
+    assert described is not None
+    checked = ddp_aot._checked(json.loads(json.dumps(described)))
+    assert checked == described
+    made = ddp_aot._make(checked, mode)
+    for old, new in zip((marked, plain), made[:2], strict=True):
+        assert extract_tensor_metadata_for_cache_key(new) == extract_tensor_metadata_for_cache_key(
+            old
+        )
+    assert not hasattr(made[1], "_is_inductor_static") and made[1].requires_grad
+    # A record from before the mark is read as it was; a mark other than true is not.
+    old_record = [{k: v for k, v in described[0].items() if k != "static"}]
+    assert ddp_aot._checked(old_record) == old_record
+    assert ddp_aot._checked([{**described[0], "static": 1}]) is None

@@ -370,15 +370,21 @@ def _describe(fakes: list[Any]) -> list[Any] | None:
             return None
         if fake.storage_offset() != 0:
             return None
-        described.append(
-            {
-                "shape": sizes,
-                "stride": strides,
-                "dtype": str(fake.dtype).removeprefix("torch."),
-                "device": str(fake.device),
-                "requires_grad": bool(fake.requires_grad),
-            }
-        )
+        item = {
+            "shape": sizes,
+            "stride": strides,
+            "dtype": str(fake.dtype).removeprefix("torch."),
+            "device": str(fake.device),
+            "requires_grad": bool(fake.requires_grad),
+        }
+        if getattr(fake, "_is_inductor_static", False):
+            # Inductor marks a GPU graph's static inputs on the example tensors themselves,
+            # and then keys their storage's size: a saved output the backward's compile
+            # marked goes into the next subgraph's key so. Made again without the mark, the
+            # next subgraph missed on every new machine (transformers' rotary tables on an
+            # H200: 3 of 4 graph parts traced again).
+            item["static"] = True
+        described.append(item)
     return described
 
 
@@ -423,7 +429,9 @@ def _checked(described: Any) -> list[Any] | None:
     for item in described:
         if item is None or (type(item) is int):
             continue
-        if not isinstance(item, dict) or set(item) != _FIELDS:
+        if not isinstance(item, dict) or set(item) - {"static"} != _FIELDS:
+            return None
+        if item.get("static", True) is not True:
             return None
         sizes, strides = item["shape"], item["stride"]
         if not (isinstance(sizes, list) and isinstance(strides, list)):
@@ -457,5 +465,7 @@ def _make(described: list[Any], mode: Any) -> list[Any]:
             )
             if item["requires_grad"]:
                 tensor.requires_grad_(True)
+            if item.get("static"):
+                tensor._is_inductor_static = True  # type: ignore[attr-defined]
             made.append(tensor)
     return made
