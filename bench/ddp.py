@@ -204,6 +204,8 @@ def run_job(
         env["COMPILEQ_PROFILES"] = "1" if mode == "compileq-profile" else "0"  # opt-in
         env["COMPILEQ_GC_WINDOW"] = "0" if mode == "compileq-no-gc-window" else "1"
         env["COMPILEQ_KEEP_STACK_CHUNKS"] = "0" if mode == "compileq-no-keep" else "1"
+        if mode == "compileq-split":  # big graphs compiled in parts (codegen/split.py)
+            env["COMPILEQ_SPLIT_GRAPHS"] = "gpu"
     elif mode == "stock-remote":
         env.update(cluster.stock_remote_env())
     elif mode == "stock-keep":

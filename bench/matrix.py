@@ -21,10 +21,11 @@ Runs of each cell, each a fresh process tree on fresh local cache dirs (every ra
 cost is the same within noise, and a separate filling run would cost a run per cell);
 ``stock_warm_local`` (on stock_cold's dirs); ``stock_remote_new`` (empty dirs, stock's remote
 caches warm); ``compileq_cold`` (store emptied, workers' local caches wiped);
-``compileq_new`` (empty dirs, warm cluster). Per run: each rank's time to steady state (the
+``compileq_new`` (empty dirs, warm cluster); by name only, ``compileq_split_cold`` and
+``compileq_split_new`` (big graphs compiled in parts, ``COMPILEQ_SPLIT_GRAPHS=gpu``). Per run: each rank's time to steady state (the
 first step; the first three for ``dynamic``, ``reduce-overhead`` and ``max-autotune``, whose
 later steps compile or record), all ranks done, losses against eager, graph codegens, kernels fetched one by one,
-fallbacks.
+fallbacks, and the median step once steady (with ``--steps`` of at least 3 past it).
 
 A cell's results are saved as it goes, so a matrix spread over several device calls (each at
 most 10 minutes) is one ``--render`` of their files.
@@ -91,7 +92,13 @@ RUNS = (
     ("stock_remote_new", "stock-remote", None, None),
     ("compileq_cold", "compileq", "cold", None),
     ("compileq_new", "compileq", None, None),
+    # Asked for by name only (--runs): compileq with big graphs compiled in parts
+    # (codegen/split.py, opt-in), for the split's cost and gain in the same invocation.
+    ("compileq_split_cold", "compileq-split", "cold", None),
+    ("compileq_split_new", "compileq-split", None, None),
 )
+#: The runs of a cell unless --runs names others.
+DEFAULT_RUNS = [name for name, *_ in RUNS[:6]]
 
 
 def gpus_needed(config: str) -> int:
@@ -105,6 +112,19 @@ def ready_s(run: dict[str, Any], config: str) -> float:
     """The slowest rank's time to steady state."""
     k = READY_STEPS.get(config, 1)
     return round(float(max(sum(steps[:k]) for steps in run["ranks_steps_s"])), 3)
+
+
+def step_s(run: dict[str, Any], config: str) -> float | None:
+    """The slowest rank's median step once steady (the steps after ``READY_STEPS``), where
+    at least two are: what a split graph's cuts cost every step."""
+    k = READY_STEPS.get(config, 1)
+    medians = []
+    for steps in run["ranks_steps_s"]:
+        steady = sorted(steps[k:])
+        if len(steady) < 2:
+            return None
+        medians.append(steady[len(steady) // 2])
+    return round(float(max(medians)), 4)
 
 
 def run_cell(
@@ -123,7 +143,7 @@ def run_cell(
     args = [*WORKLOADS[workload], *config_args, "--steps", str(steps), *extra]
     cell: dict[str, Any] = {}
     for name, mode, before, reuse in RUNS:
-        if runs is not None and name not in runs:
+        if name not in (DEFAULT_RUNS if runs is None else runs):
             continue
         if before in ("flush", "cold"):
             cluster.flush()
@@ -140,6 +160,7 @@ def run_cell(
             cell[name] = {"failed": str(failed)[-2000:]}
             continue
         run["ready_s"] = ready_s(run, config)
+        run["step_s"] = step_s(run, config)
         run["wall_s"] = round(time.monotonic() - started, 1)
         cell[name] = run
         print(f"{tag}: ready {run['ready_s']} s", flush=True)
@@ -283,6 +304,19 @@ def _x(value: float | None, goal: float) -> str:
     return f"{value:.2f}" if value <= goal else f"**{value:.2f}**"
 
 
+def _steps(cell: dict[str, Any]) -> str:
+    """Steady step times in ms: stock's (warm local, else cold) / compileq's new machine's
+    (and, where run, compileq's with big graphs compiled in parts)."""
+
+    def ms(name: str) -> str:
+        step = (cell.get(name) or {}).get("step_s")
+        return "-" if step is None else f"{1000 * step:.1f}"
+
+    stock = ms("stock_warm_local") if ms("stock_warm_local") != "-" else ms("stock_cold")
+    split = ms("compileq_split_new")
+    return f"{stock} / {ms('compileq_new')}" + ("" if split == "-" else f" (split {split})")
+
+
 def render(files: list[dict[str, Any]]) -> str:
     """One markdown table over every cell of every file (a later file's cell wins)."""
     cells: dict[str, dict[str, Any]] = {}
@@ -297,8 +331,9 @@ def render(files: list[dict[str, Any]]) -> str:
         "",
         "| workload / config | eager | stock cold | cq cold | cold ratio | stock warm local "
         "| stock remote new | cq new | new / warm | new / remote | cq new - eager "
-        "| codegens new | kernel fetches new | runtime tunes new | fallbacks | losses = eager |",
-        "|---|" + "---|" * 15,
+        "| codegens new | kernel fetches new | runtime tunes new | fallbacks | losses = eager "
+        "| cq split cold | cq split new | step ms stock / cq |",
+        "|---|" + "---|" * 18,
     ]
     for name, cell in cells.items():
         r = ratios(cell)
@@ -317,7 +352,9 @@ def render(files: list[dict[str, Any]]) -> str:
             f"| {new_run.get('codegens', '-')} | {new_run.get('kernel_fetches', '-')} "
             f"| {new_run.get('runtime_autotunes', '-')} "
             f"| {sum(run.get('fallbacks', 0) for run in runs)} "
-            f"| {'yes' if ok else 'NO'}{' (failed: ' + ', '.join(failed) + ')' if failed else ''} |"
+            f"| {'yes' if ok else 'NO'}{' (failed: ' + ', '.join(failed) + ')' if failed else ''} "
+            f"| {_s(_ready(cell, 'compileq_split_cold'))} | {_s(_ready(cell, 'compileq_split_new'))} "
+            f"| {_steps(cell)} |"
         )
     devices = sorted(
         {f"{m['device']} x{m['gpus']}, torch {m['torch']}, triton {m['triton']}" for m in metas}

@@ -158,6 +158,26 @@ class Settings(BaseSettings):
         description="With fx: under DDP, let each subgraph's forward compile go on while its "
         "worker generates it, and load them all at the end of the frame's compile.",
     )
+    split_graphs: typing.Literal["off", "gpu", "all"] = Field(
+        "off",
+        description="With fx and defer_forwards: compile a big graph outside DDP in parts, as "
+        "DDP's graph splitting does, so that the workers generate its parts side by side "
+        "(see codegen/split.py). gpu: graphs on a GPU; all: CPU graphs too. Off by default: "
+        "measured on an H200, a cold compile gains a fifth, but a new machine loads the parts "
+        "slower than one graph and a small model's step takes longer (docs/BENCHMARKS.md).",
+    )
+    split_parts: int = Field(
+        4,
+        ge=2,
+        le=16,
+        description="With split_graphs: the most parts one graph is compiled in.",
+    )
+    split_min_nodes: int = Field(
+        40,
+        ge=1,
+        description="With split_graphs: the fewest operations (Dynamo's graph nodes) a part "
+        "may have; a graph of fewer than twice as many is compiled whole.",
+    )
     worker_nice: int = Field(
         10,
         ge=0,

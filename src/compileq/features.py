@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from compileq import fingerprint, stack_chunks
 from compileq._log import log, warn_once
-from compileq.codegen import ddp_aot, deferred, remote, speculative
+from compileq.codegen import ddp_aot, deferred, remote, speculative, split
 from compileq.config import Settings, get_settings
 from compileq.errors import ConfigError
 from compileq.hooks.feature import Context, Feature
@@ -132,6 +132,7 @@ FEATURES: tuple[Feature, ...] = (
     remote.FEATURE.using(_remote_fx_compile),  # fx; clients: FX codegen on workers
     speculative.FEATURE,  # fx, speculate; clients: backwards sent with their forwards
     deferred.FEATURE,  # fx, defer_forwards; clients: DDP forwards generated side by side
+    split.FEATURE,  # fx, defer_forwards, split_graphs; clients: big graphs in parts
 )
 
 

@@ -7,6 +7,7 @@ rank's first deferred DDP forward (compileq.codegen.deferred) made to fail its c
 - ``fetch``: its worker's output could not be loaded.
 
 Either way the frame must be compiled again, as stock compiles it, and train exactly as eager.
+Run as one process with a graph split in parts (codegen/split.py), the same for its parts.
 """
 
 from __future__ import annotations

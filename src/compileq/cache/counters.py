@@ -55,6 +55,9 @@ class Counter(str, enum.Enum):
     #: Backwards of deferred forwards sent with restrided inputs from the strides their
     #: workers stored once they had lowered the forward, before the forward was loaded.
     DDP_SAVED_RESTRIDED_EARLY = "ddp_saved_restrided_early"
+    #: Graphs outside DDP compiled in parts that the workers generated side by side
+    #: (codegen/split.py); their parts count as DDP subgraphs above.
+    GRAPHS_SPLIT = "graphs_split"
     AOT_HITS = "aot_hits"
     AOT_MISSES = "aot_misses"
     CPP_HITS = "cpp_hits"

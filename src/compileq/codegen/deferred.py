@@ -109,6 +109,8 @@ class Forward:
         self._graph: Any = None
         self._then: list[Callable[[Any], None]] = []
         self._when_verified: list[Callable[[], None]] = []
+        #: Which output's real strides were not the assumed ones (``verified``), for the log.
+        self.mismatch = ""
         #: Set once AOTAutograd has made the backward's inputs (``_bw_compile``).
         self.saved: Saved | None = None
         #: The list AOTAutograd reads this compile's output strides from (``post_compile``):
@@ -213,6 +215,8 @@ class Forward:
                 differ.append((output, stride))
         if differ:
             if self.saved is None or not self.saved.restride(differ):
+                output, stride = differ[0]
+                self.mismatch = f"output {output}: {stride} for the traced {self.assumed[output]}"
                 return False
             FEATURE.count(Counter.DDP_SAVED_RESTRIDED)
         if self.saved is not None:  # its backward, unless sent with these strides already
@@ -419,21 +423,29 @@ def _save_graph(save: Callable[..., Any]) -> Callable[..., None]:
 def _compile_fn(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def compile_fn(self: Any, gm: Any, example_inputs: Any, **configs: Any) -> Any:
-        if FEATURE.off or getattr(_thread, "batch", None) is not None:
-            return original(self, gm, example_inputs, **configs)
-        batch: list[Forward] = []
-        _thread.batch = batch
-        try:
-            compiled = original(self, gm, example_inputs, **configs)
-        finally:
-            _thread.batch = None
-            _thread.last = _thread.awaiting_backward = None
-        if _settled(batch):
-            return compiled
-        # As stock: every forward waits for its codegen; those the workers generated are hits.
-        return original(self, gm, example_inputs, **configs)
+        return frame(lambda: original(self, gm, example_inputs, **configs))
 
     return compile_fn
+
+
+def frame(compile_parts: Callable[[], Any], again: Callable[[], Any] | None = None) -> Any:
+    """``compile_parts()`` (a frame's subgraphs compiled one after another, by DDPOptimizer or
+    ``codegen.split``) with their forwards deferred, then every one fetched and checked; where
+    a check fails, ``again()`` (default: ``compile_parts`` with nothing deferred). Deferral off
+    here: ``compile_parts()`` as it is."""
+    if FEATURE.ctx is None or FEATURE.off or getattr(_thread, "batch", None) is not None:
+        return compile_parts()
+    batch: list[Forward] = []
+    _thread.batch = batch
+    try:
+        compiled = compile_parts()
+    finally:
+        _thread.batch = None
+        _thread.last = _thread.awaiting_backward = None
+    if _settled(batch):
+        return compiled
+    # As stock: every forward waits for its codegen; those the workers generated are hits.
+    return (again or compile_parts)()
 
 
 def _settled(batch: list[Forward]) -> bool:
@@ -450,6 +462,7 @@ def _settled(batch: list[Forward]) -> bool:
             break
         if not forward.verified():
             why = "Inductor chose other output strides than the traced ones"
+            why += f" ({forward.mismatch})" if forward.mismatch else ""
             break
     if not why:
         if batch:
