@@ -70,7 +70,7 @@ demo: setup
 # CI took 27.2 for that code, setup included. 11.5 and 11.8 here for the nineteenth session's
 # (padding decisions, the codegen dump on the session's worker, the lease fix) on a machine
 # far faster than any before (Inductor's import 2.9 s of CPU against 6.8-8.7): not comparable.
-# CI took 12.0 for that code. 13.2 here for the twentieth's (a big graph in parts: 5 tests, two
+# CI took 12.0 for that code. 12.6 here for the twentieth's (a big graph in parts: 7 tests, three
 # CPU jobs of a minute between them).
 # The 2 cores are saturated throughout (vmstat: 3-8% idle on average), so a third process only slows every
 # test: the suite's time is its CPU, two-thirds of it fresh processes importing torch. Which
