@@ -254,9 +254,8 @@ def _bundled(load: Callable[[], Any]) -> Any:
     return graph
 
 
-def assumed_strides(gm: Any, example_inputs: Sequence[Any]) -> list[tuple[int, ...] | None] | None:
-    """Each output's traced strides (None for a non-tensor), as AOTAutograd's fake first call
-    would return them; None where any size or stride is symbolic (then nothing is deferred)."""
+def static_shapes(example_inputs: Sequence[Any]) -> bool:
+    """Whether no input is symbolic: no SymInt, no tensor of a symbolic size or stride."""
     import torch
 
     for value in example_inputs:
@@ -264,7 +263,17 @@ def assumed_strides(gm: Any, example_inputs: Sequence[Any]) -> list[tuple[int, .
             isinstance(value, torch.Tensor)
             and not all(type(n) is int for n in (*value.shape, *value.stride()))
         ):
-            return None
+            return False
+    return True
+
+
+def assumed_strides(gm: Any, example_inputs: Sequence[Any]) -> list[tuple[int, ...] | None] | None:
+    """Each output's traced strides (None for a non-tensor), as AOTAutograd's fake first call
+    would return them; None where any size or stride is symbolic (then nothing is deferred)."""
+    import torch
+
+    if not static_shapes(example_inputs):
+        return None
     output = next((n for n in reversed(gm.graph.nodes) if n.op == "output"), None)
     if output is None or not output.args or not isinstance(output.args[0], (list, tuple)):
         return None

@@ -41,12 +41,15 @@ import contextlib
 import functools
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from compileq._log import log, warn_once
 from compileq.cache.counters import Counter
 from compileq.codegen import deferred
 from compileq.hooks.feature import Context, Feature
+
+if TYPE_CHECKING:
+    from compileq.config import Settings
 
 _COMPILE_FX = "torch._inductor.compile_fx"
 #: Inductor settings under which a part's forward cannot be deferred (``deferred.assumed``),
@@ -158,7 +161,13 @@ def plan(gm: Any, parts: int, min_nodes: int) -> dict[Any, int] | None:
     return partition
 
 
-def _whole(model: Any, inputs: Sequence[Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+def _whole(
+    settings: Settings,
+    model: Any,
+    inputs: Sequence[Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> str:
     """Why this ``compile_fx`` call compiles its graph whole ("" where it may be split)."""
     import torch
     from torch._dynamo.backends.distributed import has_higher_order_op
@@ -181,17 +190,12 @@ def _whole(model: Any, inputs: Sequence[Any], args: tuple[Any, ...], kwargs: dic
     for name in _WHOLE_IF:
         if patches.get(name, functools.reduce(getattr, name.split("."), config)):
             return name
-    tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
-    if any(isinstance(x, torch.SymInt) for x in inputs) or not all(
-        type(d) is int for t in tensors for d in (*t.shape, *t.stride())
-    ):
+    if not deferred.static_shapes(inputs):
         return "dynamic shapes"
+    tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
     if not any(t.requires_grad for t in tensors):
         return "no input requires grad"
-    settings = FEATURE.ctx.settings if FEATURE.ctx is not None else None
-    if settings is None or (
-        settings.split_graphs == "gpu" and not any(t.device.type != "cpu" for t in tensors)
-    ):
+    if settings.split_graphs == "gpu" and all(t.device.type == "cpu" for t in tensors):
         return "not on a GPU"
     if has_higher_order_op(model):
         return "a higher-order operation"
@@ -217,13 +221,16 @@ def has_convolution(gm: Any) -> bool:
 
 def _partition(model: Any, inputs: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``plan`` for this ``compile_fx`` call; None where the graph compiles whole."""
+    ctx = FEATURE.ctx
+    if ctx is None:
+        return None
+    settings = ctx.settings
     try:
-        why = _whole(model, inputs, args, kwargs)
+        why = _whole(settings, model, inputs, args, kwargs)
         if why:
             if why != _NOT_OURS:
                 log.debug("compileq: graph compiled whole (%s)", why)
             return None
-        settings = FEATURE.ctx.settings  # type: ignore[union-attr]  # _whole checked it
         return plan(model, settings.split_parts, settings.split_min_nodes)
     except Exception as e:  # another torch's layout: as stock
         log.debug("compileq: graph not split (%s)", e)
