@@ -204,6 +204,9 @@ def run_job(
         env["COMPILEQ_PROFILES"] = "1" if mode == "compileq-profile" else "0"  # opt-in
         env["COMPILEQ_GC_WINDOW"] = "0" if mode == "compileq-no-gc-window" else "1"
         env["COMPILEQ_KEEP_STACK_CHUNKS"] = "0" if mode == "compileq-no-keep" else "1"
+        # Dynamo's record of dynamic sizes not shared (inductor/dynamic_profile.py): a new
+        # machine compiles a frame static, then dynamic, as before it.
+        env["COMPILEQ_DYNAMIC_PROFILE"] = "0" if mode == "compileq-static-first" else "1"
         if mode == "compileq-split":  # big graphs compiled in parts (codegen/split.py)
             env["COMPILEQ_SPLIT_GRAPHS"] = "gpu"
     elif mode == "stock-remote":
@@ -259,6 +262,7 @@ def run_job(
         # to see which ran beside which (a backward sent ahead beside its forward).
         "fx_builds": fx_builds(cluster, launched),
         "phases": ranks[0].get("compile_phases", {}),
+        "step_phases": ranks[0].get("step_phases", []),  # what each of the first steps added
         # How busy the worker and the whole host were over the run (CPUs in use, on average).
         "worker_cpus_busy": round(worker_cpu / wall, 2),
         "host_cpus_busy": round(host_busy / wall, 2),

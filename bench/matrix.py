@@ -14,7 +14,8 @@ and ``fsdp2`` (whole model compiled) and ``fsdp2-block`` (each block compiled) u
 on two GPUs, ``reduce-overhead`` (CUDA graphs), ``dynamic`` (a second and third length, so a
 dynamic graph after the static one), ``compiled-opt`` (the optimizer step compiled too),
 ``max-autotune`` on ``cuda:0``, ``cuda:1`` and under DDP, and ``max-autotune-no-cg`` (its mode
-without CUDA graphs).
+without CUDA graphs). On a machine without a GPU: ``cpu``, ``cpu-fsdp2-block`` and
+``cpu-dynamic``.
 
 Runs of each cell, each a fresh process tree on fresh local cache dirs (every rank its own):
 ``eager``; ``stock_cold`` (stock with its own Redis remote caches on, filling them: the cold
@@ -22,7 +23,9 @@ cost is the same within noise, and a separate filling run would cost a run per c
 ``stock_warm_local`` (on stock_cold's dirs); ``stock_remote_new`` (empty dirs, stock's remote
 caches warm); ``compileq_cold`` (store emptied, workers' local caches wiped);
 ``compileq_new`` (empty dirs, warm cluster); by name only, ``compileq_split_cold`` and
-``compileq_split_new`` (big graphs compiled in parts, ``COMPILEQ_SPLIT_GRAPHS=gpu``). Per run: each rank's time to steady state (the
+``compileq_split_new`` (big graphs compiled in parts, ``COMPILEQ_SPLIT_GRAPHS=gpu``), and
+``compileq_new_static_first`` (a new machine not reading which sizes went dynamic,
+``COMPILEQ_DYNAMIC_PROFILE=0``). Per run: each rank's time to steady state (the
 first step; the first three for ``dynamic``, ``reduce-overhead`` and ``max-autotune``, whose
 later steps compile or record), all ranks done, losses against eager, graph codegens, kernels fetched one by one,
 fallbacks, and the median step once steady (with ``--steps`` of at least 3 past it).
@@ -71,11 +74,13 @@ CONFIGS: dict[str, tuple[int, tuple[str, ...]]] = {
     # The CPU's cells (a machine without a GPU: the harness's own test, and the CPU path).
     "cpu": (0, ("--device", "cpu")),
     "cpu-fsdp2-block": (2, ("--device", "cpu", "--fsdp", "--compile-blocks")),
+    "cpu-dynamic": (0, ("--device", "cpu", "--dynamic")),
 }
 #: Steps to steady state: the first step, or the first three where later steps compile
 #: (another length) or record (CUDA graphs).
 READY_STEPS = {
     "dynamic": 3,
+    "cpu-dynamic": 3,
     "reduce-overhead": 3,
     "max-autotune": 3,
     "max-autotune-cuda1": 3,
@@ -96,6 +101,9 @@ RUNS = (
     # (codegen/split.py, opt-in), for the split's cost and gain in the same invocation.
     ("compileq_split_cold", "compileq-split", "cold", None),
     ("compileq_split_new", "compileq-split", None, None),
+    # By name only: a new machine that does not read which sizes went dynamic
+    # (inductor/dynamic_profile.py off), for that feature's gain in the same invocation.
+    ("compileq_new_static_first", "compileq-static-first", None, None),
 )
 #: The runs of a cell unless --runs names others.
 DEFAULT_RUNS = [name for name, *_ in RUNS[:6]]
@@ -256,7 +264,11 @@ def main(argv: list[str] | None = None) -> int:
                 results["cells"][name] = cell
                 (out / "matrix.json").write_text(json.dumps(results, indent=1))
     finally:
-        cluster.close()
+        try:
+            cluster.close()
+        except Exception as gone:  # a timeout's SIGTERM reached Redis first
+            # The logs are what a cut-short device call has to show: keep them.
+            print(f"closing the cluster: {gone!r}", file=sys.stderr)
         with (out / "matrix-logs.txt").open("w") as joined:  # one file: a device call returns few
             for log in sorted(workdir.glob("*.log")):
                 text = log.read_text(errors="replace")
