@@ -23,6 +23,7 @@ from compileq.inductor import autotune, index_free
 # and every target below can be read before install().
 for _name in (
     "torch._dynamo.backends.distributed",
+    "torch._dynamo.pgo",
     "torch._functorch._aot_autograd.autograd_cache",
     "torch._functorch._aot_autograd.graph_compile",
     "torch._functorch._aot_autograd.runtime_wrappers",
@@ -38,6 +39,7 @@ for _name in (
 def known_targets() -> list[tuple[Any, str]]:
     """What compileq is known to replace (with FX codegen, profiles and every cache on)."""
     import torch._functorch.config as functorch_config
+    from torch._dynamo import pgo
     from torch._dynamo.backends import distributed
     from torch._functorch._aot_autograd import autograd_cache, graph_compile, runtime_wrappers
     from torch._inductor import (
@@ -84,6 +86,8 @@ def known_targets() -> list[tuple[Any, str]]:
         (graph_compile, "_aot_stage2b_bw_compile"),
         (distributed.DDPOptimizer, "compile_fn"),
         (distributed.SubmodCompiler, "run_node"),
+        (pgo, "get_cache_key"),
+        (pgo, "get_remote_cache"),
     ]
     for name in ("RemoteFxGraphCache", "RemoteAOTAutogradCache", "RemoteAutotuneCache"):
         targets.append((getattr(remote_cache, name), "backend_override_cls"))

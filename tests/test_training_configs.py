@@ -77,3 +77,12 @@ def test_a_new_machine_generates_nothing_in_the_training_configuration(
     grew = {c: new.get(c, 0) - cold.get(c, 0) for c in (*asked, *built)}
     assert grew == dict.fromkeys(grew, 0), (grew, second.stderr[-3000:])
     assert new["fx_hits"] - cold["fx_hits"] >= second.ranks[0]["graphs"]
+    if "--dynamic" in args and "--mark-dynamic" not in args:
+        # The first job compiled its frame static, then again dynamic at step 1's length
+        # (each step's compile phases: what the bench reports per step). The new machine read
+        # which sizes went dynamic (inductor/dynamic_profile.py) and compiled the dynamic
+        # graphs only, at step 0: one Dynamo trace where the first job made two.
+        assert first.ranks[0]["step_phases"][1].get("_compile.compile_inner", 0) > 0
+        assert "_compile.compile_inner" not in second.ranks[0]["step_phases"][1]
+        assert second.ranks[0]["graphs"] == graphs // 2, (graphs, second.ranks[0])
+        assert new["dynamic_profile_hits"] > cold.get("dynamic_profile_hits", 0), new

@@ -148,6 +148,12 @@ class Settings(BaseSettings):
         description="Keep Python's full garbage collections off the objects that exist before "
         "each compile, for the compile's length (see inductor/gc_window.py).",
     )
+    dynamic_profile: Flag = Field(
+        True,
+        description="With graph_cache: keep Dynamo's record of which sizes went dynamic under "
+        "the job's identity in the store, so a new machine compiles such a frame dynamic at "
+        "once (see inductor/dynamic_profile.py).",
+    )
     speculate: Flag = Field(
         True,
         description="With fx: send a training graph's backward to the workers when AOTAutograd "

@@ -34,6 +34,7 @@ from compileq.inductor import (
     autotune,
     cpp_cache,
     cpp_fanout,
+    dynamic_profile,
     gc_window,
     graph_cache,
     index_free,
@@ -129,6 +130,7 @@ FEATURES: tuple[Feature, ...] = (
     autotune.FEATURE,  # tune_on_workers: autotuning timings shared and taken by GPU workers
     runtime_tuning.FEATURE,  # graph_cache; clients: kernels' first-launch timings shared
     pad_decisions.FEATURE,  # graph_cache; clients: matmul padding decided once, shared
+    dynamic_profile.FEATURE,  # graph_cache, dynamic_profile; clients: dynamic sizes shared
     remote.FEATURE.using(_remote_fx_compile),  # fx; clients: FX codegen on workers
     speculative.FEATURE,  # fx, speculate; clients: backwards sent with their forwards
     deferred.FEATURE,  # fx, defer_forwards; clients: DDP forwards generated side by side

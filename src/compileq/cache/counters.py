@@ -82,6 +82,10 @@ class Counter(str, enum.Enum):
     #: here (once per matmul per cluster where ranks do not time it at the same moment).
     PAD_DECISION_HITS = "pad_decision_hits"
     PAD_DECISION_TIMINGS = "pad_decision_timings"
+    #: Dynamo's record of which sizes went dynamic (inductor/dynamic_profile.py): read from the
+    #: store at a process's first compile, and written after a compile that changed it.
+    DYNAMIC_PROFILE_HITS = "dynamic_profile_hits"
+    DYNAMIC_PROFILE_WRITES = "dynamic_profile_writes"
     FALLBACKS = "fallbacks"
     INTEGRITY_FAILURES = "integrity_failures"
     FOREIGN_SECRET_ENTRIES = "foreign_secret_entries"

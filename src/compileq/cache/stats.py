@@ -95,6 +95,8 @@ KINDS = (
     Kind("runtime tuning", Counter.RUNTIME_TUNE_HITS, None, None, Counter.RUNTIME_AUTOTUNES),
     # A matmul padding decision not found is timed in the client: a local build.
     Kind("padding decisions", Counter.PAD_DECISION_HITS, None, None, Counter.PAD_DECISION_TIMINGS),
+    # Dynamo's record of dynamic sizes, read at a process's first compile: nothing is built.
+    Kind("dynamic profiles", Counter.DYNAMIC_PROFILE_HITS, None, None, None),
 )
 
 #: Queue prefixes and the kind of build a worker on them does.

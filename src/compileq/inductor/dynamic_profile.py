@@ -1,0 +1,204 @@
+"""Which sizes went dynamic, shared: a new machine compiles such a frame dynamic at once.
+
+A frame that sees a second input size is compiled again by Dynamo with that dimension
+symbolic (automatic dynamic shapes): a job whose sequence length changes compiles every such
+frame twice, static and then dynamic, and a new machine pays both traces again even when every
+graph is a cache hit. On two H200s (script Llama, a length that changes at steps 1 and 2,
+docs/BENCHMARKS.md) stock's warm local cache took 2.12 s at step 0 and 2.47 s at step 1, of
+which 2.26 s was Dynamo tracing the symbolic graph: the recompile alone cost more than the
+first compile, and compileq's new machine (1.39 + 2.61 s) gained nothing on it.
+
+Dynamo already remembers which dimensions went dynamic (its profile-guided "code state",
+``torch._dynamo.pgo``), and a process that reads that state marks them dynamic from its first
+trace: one compile per frame, of the graph the first job ended with. Stock keeps the state
+only where ``torch.compiler.config.job_id`` names the job (``TORCH_COMPILE_JOB_ID``), in the
+local cache dir, and on another machine only through its own Redis cache of unsigned pickles.
+Here, where the user named no job, the job is compileq's own job identity
+(``profiles.job_id``: the script, its content and non-path arguments, the world size, torch's
+version; ``COMPILEQ_JOB_ID`` overrides it), and the state travels through compileq's store,
+signed like every entry. torch still adds the rank to its key, so each rank finds its own.
+
+Untrusted until verified: an entry not signed with the cluster's secret is absent to the store;
+a signed one torch cannot read is logged by torch and ignored (the frame then compiles static
+first, as without this). Redis away: nothing shared, as stock. A write that fails is lost,
+never the compile that made it. Where the user configured torch's remote profile cache
+(``automatic_dynamic_remote_pgo``) that one is used, and turned off, none.
+
+Rejected: setting ``torch.compiler.config.job_id`` (a global other code may read and that
+``uninstall()`` would have to put back; wrapping ``get_cache_key`` is in the ledger); marking
+dimensions dynamic from the FX entries found (the sizes that vary are Dynamo's knowledge, not
+Inductor's); ``mark_dynamic`` from the first step for every input (a graph that never varies
+would run slower kernels).
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from compileq import keys
+from compileq._log import log, warn_once
+from compileq.cache.counters import Counter
+from compileq.errors import CompileqError
+from compileq.hooks.feature import Context, Feature
+from compileq.scheduler import boundary
+
+KIND = "dynamo-pgo"
+#: Bump when the payload format or key derivation changes: old entries then simply miss.
+FORMAT = 1
+_PGO = "torch._dynamo.pgo"
+
+
+class DynamicProfile(Feature):
+    """Dynamo's code state keyed by compileq's job identity and kept in the store, in clients."""
+
+    name = "dynamic-profile"
+    without = "a new machine compiles a frame static, then again dynamic, as stock does"
+
+    def wanted(self, ctx: Context) -> bool:
+        return ctx.settings.graph_cache and ctx.settings.dynamic_profile and not ctx.in_worker
+
+    def imports(self) -> dict[str, Callable[[Any], None]]:
+        return {_PGO: self._wrap}
+
+    def _wrap(self, module: Any) -> None:
+        if not all(hasattr(module, n) for n in ("get_cache_key", "get_remote_cache")):
+            return  # a torch without profile-guided state (or still loading): nothing to serve
+        self.patches.wrap(module, "get_cache_key", _keyed)
+        self.patches.wrap(module, "get_remote_cache", _remote)
+
+    def read(self, key: str) -> bytes | None:
+        """The state stored under torch's profile key ``key``; None where there is none to
+        trust."""
+        entry = self.entry(store_key(key), "shared dynamic profiles")
+        if entry is None:
+            return None
+        self.count(Counter.DYNAMIC_PROFILE_HITS)
+        return entry.payload()
+
+    def write(self, key: str, payload: bytes) -> None:
+        """Store ``payload`` as the state under ``key``, whatever was there: torch writes the
+        state it read at start with what this process learned since, so the latest is the
+        fullest. Lost, never raised, where Redis fails."""
+        client = self.client
+        if client is None or client.redis_down():
+            return
+        try:
+            client.store.replace(store_key(key), payload)
+        except (redis.RedisError, CompileqError) as e:
+            warn_once("dynamic-profile-put", "compileq: dynamic profile not shared: %s", e)
+            return
+        self.count(Counter.DYNAMIC_PROFILE_WRITES)
+
+
+FEATURE = DynamicProfile()
+
+
+def store_key(key: str) -> str:
+    """The store key of torch's profile key ``key`` (job, rank, tag) under this torch."""
+    import torch
+
+    material = {"kind": KIND, "format": FORMAT, "torch": torch.__version__, "key": key}
+    return keys.artifact_of(KIND, material)
+
+
+class StoreProfiles:
+    """torch's ``RemoteCache`` interface (``get``, ``put`` of ``{"data": base64 pickle}``, as
+    ``torch._dynamo.pgo`` reads and writes it) over compileq's signed store."""
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        return _read(key)
+
+    def put(self, key: str, value: Any) -> None:
+        _write(key, value)
+
+
+def _unread(key: str) -> dict[str, Any] | None:
+    return None
+
+
+def _unwritten(key: str, value: Any) -> None:
+    return None
+
+
+def _no_key() -> str | None:
+    return None
+
+
+@boundary.guard("dynamic profiles", instead=_unread)
+def _read(key: str) -> dict[str, Any] | None:
+    payload = FEATURE.read(key)
+    if payload is None:
+        return None
+    return {"data": base64.b64encode(payload).decode("ascii")}
+
+
+@boundary.guard("dynamic profiles", instead=_unwritten)
+def _write(key: str, value: Any) -> None:
+    data = value.get("data") if isinstance(value, dict) else None
+    if not isinstance(data, str):  # another torch's format: not ours to store
+        log.debug("compileq: a dynamic profile of another format not stored")
+        return
+    FEATURE.write(key, base64.b64decode(data))
+
+
+def _keyed(original: Callable[[], str | None]) -> Callable[[], str | None]:
+    """``get_cache_key``: the user's job id (or torch's own) where there is one, else
+    compileq's job identity."""
+
+    @functools.wraps(original)
+    def get_cache_key() -> str | None:
+        key = original()
+        return key if key is not None else _job_key()
+
+    return get_cache_key
+
+
+@boundary.guard("dynamic profiles", instead=_no_key)
+def _job_key() -> str | None:
+    """compileq's job identity as torch's profile key (torch adds the rank and the cache
+    tag); None where caches are off or the user turned the remote profile cache off."""
+    import torch
+    from torch._dynamo import pgo
+
+    from compileq.inductor import profiles
+
+    # torch 2.13 reads this switch from torch.compiler.config, earlier torch from Inductor's.
+    disabled = getattr(torch.compiler.config, "force_disable_caches", False)
+    if disabled or torch._inductor.config.force_disable_caches or not _remote_wanted():
+        return None
+    job = f"compileq:{profiles.job_id()}"
+    formatted = getattr(pgo, "format_cache_key", None)
+    if formatted is not None:
+        return str(formatted(job))
+    # A torch that formats the key inside get_cache_key: the same job, rank and tag.
+    import torch.distributed as dist
+
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else None
+    return f"{job}:{rank}:{torch.compiler.config.cache_key_tag}"
+
+
+def _remote_wanted() -> bool:
+    """Whether the state should travel: not where the user turned torch's remote profile
+    cache off (``automatic_dynamic_remote_pgo`` False)."""
+    from torch._dynamo import config
+
+    return config.automatic_dynamic_remote_pgo is not False
+
+
+def _remote(original: Callable[[], Any]) -> Callable[[], Any]:
+    """``get_remote_cache``: the user's own remote profile cache where configured, else the
+    store's."""
+
+    @functools.wraps(original)
+    def get_remote_cache() -> Any:
+        theirs = original()
+        if theirs is not None or not _remote_wanted():
+            return theirs
+        return StoreProfiles()
+
+    return get_remote_cache
