@@ -4,9 +4,11 @@ A frame that sees a second input size is compiled again by Dynamo with that dime
 symbolic (automatic dynamic shapes): a job whose sequence length changes compiles every such
 frame twice, static and then dynamic, and a new machine pays both traces again even when every
 graph is a cache hit. On two H200s (script Llama, a length that changes at steps 1 and 2,
-docs/BENCHMARKS.md) stock's warm local cache took 2.12 s at step 0 and 2.47 s at step 1, of
-which 2.26 s was Dynamo tracing the symbolic graph: the recompile alone cost more than the
-first compile, and compileq's new machine (1.39 + 2.61 s) gained nothing on it.
+docs/BENCHMARKS.md) stock's warm local cache took 2.1-2.7 s at step 0 and 2.3-2.7 s at step 1,
+2.26 s of it Dynamo tracing the symbolic graph: the recompile cost more than the first compile,
+and compileq's new machine (1.39 s, then 2.61 s) gained nothing on it. With the state shared,
+on the 2-core CPU machine, a new machine took 0.98-1.16 s to steady state against 1.43-1.58 s
+without it (stock's warm local cache: 3.20-3.30 s); not yet measured on a GPU.
 
 Dynamo already remembers which dimensions went dynamic (its profile-guided "code state",
 ``torch._dynamo.pgo``), and a process that reads that state marks them dynamic from its first
