@@ -75,12 +75,14 @@ CONFIGS: dict[str, tuple[int, tuple[str, ...]]] = {
     "cpu": (0, ("--device", "cpu")),
     "cpu-fsdp2-block": (2, ("--device", "cpu", "--fsdp", "--compile-blocks")),
     "cpu-dynamic": (0, ("--device", "cpu", "--dynamic")),
+    "cpu-ddp-dynamic": (2, ("--device", "cpu", "--dynamic")),
 }
 #: Steps to steady state: the first step, or the first three where later steps compile
 #: (another length) or record (CUDA graphs).
 READY_STEPS = {
     "dynamic": 3,
     "cpu-dynamic": 3,
+    "cpu-ddp-dynamic": 3,
     "reduce-overhead": 3,
     "max-autotune": 3,
     "max-autotune-cuda1": 3,

@@ -108,9 +108,18 @@ class _Pending:
         from torch._functorch._aot_autograd.logging_utils import track_graph_compiling
         from torch.fx.experimental.symbolic_shapes import fx_placeholder_vals
 
-        if inputs is None:
-            inputs = self.inputs if self.inputs is not None else fx_placeholder_vals(self.bw_module)
-        if _same_strides(self.sent_inputs, inputs):
+        try:
+            if inputs is None:
+                inputs = (
+                    self.inputs if self.inputs is not None else fx_placeholder_vals(self.bw_module)
+                )
+            if _same_strides(self.sent_inputs, inputs):
+                return False
+        except Exception as e:  # no example value to send with (a DDP subgraph's symbolic
+            # size under dynamic shapes has none): nothing is sent, the compile goes on
+            warn_once(
+                "speculate", "compileq: backward not sent ahead (%s: %s)", type(e).__name__, e
+            )
             return False
         self.sent_inputs = inputs
         started = time.perf_counter()
