@@ -12,10 +12,10 @@ and ``timm-vit`` (timm), all at random init, sized to compile in 10-60 s on an H
 Configurations: ``single`` (``cuda:0``), ``cuda1`` (``cuda:1`` with every GPU visible), ``ddp``
 and ``fsdp2`` (whole model compiled) and ``fsdp2-block`` (each block compiled) under torchrun
 on two GPUs, ``reduce-overhead`` (CUDA graphs), ``dynamic`` (a second and third length, so a
-dynamic graph after the static one), ``compiled-opt`` (the optimizer step compiled too),
+dynamic graph after the static one) and ``ddp-dynamic`` (the same under DDP), ``compiled-opt`` (the optimizer step compiled too),
 ``max-autotune`` on ``cuda:0``, ``cuda:1`` and under DDP, and ``max-autotune-no-cg`` (its mode
-without CUDA graphs). On a machine without a GPU: ``cpu``, ``cpu-fsdp2-block`` and
-``cpu-dynamic``.
+without CUDA graphs). On a machine without a GPU: ``cpu``, ``cpu-fsdp2-block``,
+``cpu-dynamic`` and ``cpu-ddp-dynamic``.
 
 Runs of each cell, each a fresh process tree on fresh local cache dirs (every rank its own):
 ``eager``; ``stock_cold`` (stock with its own Redis remote caches on, filling them: the cold
@@ -60,6 +60,7 @@ CONFIGS: dict[str, tuple[int, tuple[str, ...]]] = {
     "single": (0, ("--device", "cuda:0")),
     "cuda1": (0, ("--device", "cuda:1")),
     "ddp": (2, ("--device", "cuda")),
+    "ddp-dynamic": (2, ("--device", "cuda", "--dynamic")),
     "fsdp2": (2, ("--device", "cuda", "--fsdp")),
     "fsdp2-block": (2, ("--device", "cuda", "--fsdp", "--compile-blocks")),
     "reduce-overhead": (0, ("--device", "cuda:0", "--mode", "reduce-overhead")),
@@ -83,6 +84,7 @@ READY_STEPS = {
     "dynamic": 3,
     "cpu-dynamic": 3,
     "cpu-ddp-dynamic": 3,
+    "ddp-dynamic": 3,
     "reduce-overhead": 3,
     "max-autotune": 3,
     "max-autotune-cuda1": 3,
