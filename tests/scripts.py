@@ -55,6 +55,16 @@ class ScriptRun:
     stderr: str
 
 
+def traced_once(first: dict[str, Any], new: dict[str, Any]) -> None:
+    """A length that changes (``--dynamic``), one rank's results: the first job compiled its
+    frame static, then again dynamic at step 1's length (each step's compile phases); the new
+    machine read which sizes went dynamic (``inductor/dynamic_profile.py``) and compiled the
+    dynamic graphs only, at step 0: one Dynamo trace where the first job made two."""
+    assert first["step_phases"][1].get("_compile.compile_inner", 0) > 0, first["step_phases"]
+    assert "_compile.compile_inner" not in new["step_phases"][1], new["step_phases"]
+    assert new["graphs"] == first["graphs"] // 2, (first["graphs"], new["graphs"])
+
+
 def run_script(
     env: Env,
     tmp: Path,

@@ -106,20 +106,10 @@ class _Pending:
         sent. Whether it was tried."""
         import torch
         from torch._functorch._aot_autograd.logging_utils import track_graph_compiling
-        from torch.fx.experimental.symbolic_shapes import fx_placeholder_vals
 
-        try:
-            if inputs is None:
-                inputs = (
-                    self.inputs if self.inputs is not None else fx_placeholder_vals(self.bw_module)
-                )
-            if _same_strides(self.sent_inputs, inputs):
-                return False
-        except Exception as e:  # no example value to send with (a DDP subgraph's symbolic
-            # size under dynamic shapes has none): nothing is sent, the compile goes on
-            warn_once(
-                "speculate", "compileq: backward not sent ahead (%s: %s)", type(e).__name__, e
-            )
+        if inputs is None:
+            inputs = self.inputs if self.inputs is not None else _traced_inputs(self.bw_module)
+        if inputs is None or _same_strides(self.sent_inputs, inputs):
             return False
         self.sent_inputs = inputs
         started = time.perf_counter()
@@ -160,20 +150,34 @@ def _restrided(pending: _Pending, strides: fx_strides.Strides) -> list[Any] | No
     forward's outputs), as ``_aot_stage2b_bw_compile`` makes them; None where the strides do
     not fit this graph."""
     import torch
-    from torch.fx.experimental.symbolic_shapes import fx_placeholder_vals
 
     meta = pending.fw_metadata
-    if meta is None or len(strides) != _outputs(pending.fw_module):
+    traced = _traced_inputs(pending.bw_module)
+    if meta is None or traced is None or len(strides) != _outputs(pending.fw_module):
         return None  # not this forward's outputs: nothing to restride by
     start, stop, _ = meta.tensors_saved_for_backwards_slice.indices(len(strides))
     saved = {o: s for o, s in enumerate(strides) if start <= o < stop and s is not None}
     with torch.no_grad():
         return saved_restrided(
-            fx_placeholder_vals(pending.bw_module),
+            traced,
             meta.tensors_saved_for_backwards_slice,
             pending.num_symints,
             saved,
         )
+
+
+def _traced_inputs(bw_module: Any) -> list[Any] | None:
+    """A partitioned backward's example inputs as traced (its placeholders' values); None
+    where one has none: a DDP subgraph's symbolic size under dynamic shapes, whose backward
+    then goes unsent (it failed the job when this raised: the twenty-first session)."""
+    from torch.fx.experimental.symbolic_shapes import fx_placeholder_vals
+
+    try:
+        values: list[Any] = fx_placeholder_vals(bw_module)
+    except KeyError as e:
+        log.debug("compileq: backward not sent ahead (no example value for %s)", e)
+        return None
+    return values
 
 
 def saved_restrided(
