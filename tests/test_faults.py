@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -213,5 +214,63 @@ def test_redis_restarted_mid_run_loses_nothing(
             report["failed"] + second["failed"],
         )
     finally:
+        stop_worker(worker)
+        localstack.stop(server.process)
+
+
+def test_a_worker_holding_a_build_when_redis_dies_under_its_pop_reconnects_in_the_same_process(
+    env: Env, tmp_path: Path
+) -> None:
+    """Redis killed while the worker has a build in hand (its pool process stopped here, so it
+    stays there) and pops for its free slot: kombu's channel close stopped at the failed pop and
+    the second close raised, "Unrecoverable error", a worker restart (workers/broker_close.py;
+    the Sentinel form is in tests/test_sentinel.py). Now it reconnects once Redis is back."""
+    server = localstack.start_redis(tmp_path / "redis")
+    renv = Env(server.url(), env.home)
+    worker = start_worker(renv, tmp_path)
+    row = json.loads(MLP.read_text().splitlines()[0])
+    row["source"] += f"\n# {tmp_path.name}\n"  # built by nobody before
+    one = tmp_path / "one.jsonl"
+    one.write_text(json.dumps(row) + "\n")
+    pool: list[int] = []
+    try:
+        wait_for(lambda: bool(build_processes(worker.process.pid)), 60, "the pool")
+        pool = build_processes(worker.process.pid)
+        for pid in pool:
+            os.kill(pid, signal.SIGSTOP)
+        client = warm_async(renv, tmp_path, one)
+        log = worker.log
+        wait_for(lambda: "compile_triton[" in log.read_text(), 60, "the build taken by the worker")
+        time.sleep(0.5)  # the consumer back in its pop for the free slot
+        server.process.kill()
+        server.process.wait()
+        time.sleep(1.0)  # a reconnection refused, at least once
+        server = localstack.start_redis(tmp_path / "redis", port=server.port)
+
+        def back_or_gone() -> bool:
+            text = log.read_text()
+            lost = text.partition("Connection to broker lost")[2]
+            return "Connected to redis://" in lost or "Unrecoverable error" in text
+
+        wait_for(back_or_gone, 60, "the worker's reconnection (or its exit)")
+        for pid in pool:
+            os.kill(pid, signal.SIGCONT)
+        out, err = client.communicate(timeout=180)
+        assert client.returncode == 0, err[-3000:]
+        report = json.loads(out.strip().splitlines()[-1])
+        assert report["failed"] == 0 and report["kernels"] == 1
+        text = log.read_text()
+        assert "Unrecoverable error" not in text and " exited with " not in text, text[-6000:]
+        assert worker.process.poll() is None
+
+        def built_after_reconnecting() -> bool:
+            lost = log.read_text().partition("Connection to broker lost")[2]
+            return " succeeded in " in lost.partition("Connected to redis://")[2]
+
+        wait_for(built_after_reconnecting, 60, "the build, run by the same process after that")
+    finally:
+        for pid in pool:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
         stop_worker(worker)
         localstack.stop(server.process)

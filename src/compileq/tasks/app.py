@@ -25,7 +25,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # An error *reply* on the broker connection is retried as a lost connection is. In a
         # failover Redis answers a worker's blocking pop with one (``UNBLOCKED ... master ->
         # replica``, ``READONLY`` from a node just demoted) and Celery's default takes it for
-        # unrecoverable: the worker shut down (exit 0) and its supervisor restarted it, 15 s of
+        # unrecoverable: the worker shut down and its supervisor restarted it, 15 s of
         # start-up (seen in CI's failover test; tests/test_sentinel.py unblocks the pop with an
         # error to show it). A reply that stays an error (an ACL refusing the queue) is logged
         # and retried for ever, as an unreachable broker is, rather than a restart loop.

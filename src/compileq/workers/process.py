@@ -95,8 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = _plan_queues(args, settings, targets, toolchains, times)
     host = socket.gethostname()
     _start(args, settings, store, plan, host, times)
-    _run_celery(args, settings, plan.queues, host)
-    _exit_without_teardown(0)
+    _exit_without_teardown(_run_celery(args, settings, plan.queues, host))
 
 
 def _exit_without_teardown(code: int) -> NoReturn:
@@ -335,7 +334,7 @@ def _connect_signals(
     from celery import signals
 
     from compileq.tasks.queues import fx_queue
-    from compileq.workers import shutdown
+    from compileq.workers import broker_close, shutdown
     from compileq.workers.late_fx import LateFxQueues
 
     def joined(late: dict[str, FxToolchain], more: list[str], seconds: float) -> None:
@@ -351,6 +350,9 @@ def _connect_signals(
         )
 
     late_queues = LateFxQueues(late_fx, lambda target, tc: fx_queue(tc, target), joined)
+    # Before Celery connects: a broker lost under a pending pop with a build in hand must not
+    # end this process (workers.broker_close).
+    broker_close.install()
 
     # Announce liveness only once the pool can take work, and withdraw it before shutdown,
     # so clients never route to a worker that is not consuming.
@@ -381,8 +383,13 @@ def _connect_signals(
 # -- the Celery call ---------------------------------------------------------------------------
 
 
-def _run_celery(args: argparse.Namespace, settings: Settings, queues: list[str], host: str) -> None:
-    """Prepare what the pool inherits, then run Celery's worker until it shuts down."""
+def _run_celery(args: argparse.Namespace, settings: Settings, queues: list[str], host: str) -> int:
+    """Prepare what the pool inherits, then run Celery's worker until it shuts down; its exit
+    code (Celery's own: 0 once told to stop, 1 after an unrecoverable error).
+
+    ``app.start``, not ``app.worker_main``: the latter drops the code Celery's worker command
+    exits with, so a worker that shut down on an error exited 0 and its supervisor's line read
+    as a clean stop (CI's failover test, where the log said only "exited with 0")."""
     from compileq import stack_chunks
     from compileq.tasks import app
     from compileq.workers import priority
@@ -400,7 +407,7 @@ def _run_celery(args: argparse.Namespace, settings: Settings, queues: list[str],
     priority.lower_process(settings.worker_nice)
     if settings.keep_stack_chunks:  # before the fork: every pool process's codegen keeps them
         stack_chunks.keep()
-    app.worker_main(
+    code = app.start(
         [
             *_quiet_celery(args.loglevel),
             "worker",
@@ -417,6 +424,7 @@ def _run_celery(args: argparse.Namespace, settings: Settings, queues: list[str],
             "--without-heartbeat",
         ]
     )
+    return code if isinstance(code, int) else 0
 
 
 def _quiet_celery(loglevel: str) -> list[str]:
