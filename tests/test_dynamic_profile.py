@@ -9,6 +9,8 @@ nothing) is ``tests/test_training_configs.py``'s "a length that changes".
 
 from __future__ import annotations
 
+import json
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,6 +24,9 @@ from compileq.cache.counters import Counter, read_counters
 from compileq.cache.store import RedisStore
 from compileq.config import Settings
 from compileq.inductor import dynamic_profile, profiles
+from tests.conftest import CLIENTS, Env, run_cli
+
+DECORATED = CLIENTS / "decorated_lengths.py"
 
 
 @pytest.fixture
@@ -141,3 +146,23 @@ def test_a_job_id_given_to_torch_and_a_remote_profile_cache_turned_off_are_kept(
     with config.patch(automatic_dynamic_remote_pgo=False):
         assert pgo.get_cache_key() is None  # no state at all: torch's own default
         assert pgo.get_remote_cache() is None
+
+
+def test_a_decorated_frame_found_dynamic_is_compiled_dynamic_at_once_in_another_process(
+    env: Env, clean_cache: redis.Redis, tmp_path: Path
+) -> None:
+    """torch keys a frame's state by its code and a hash of the functions in its closure, and
+    that hash was ``hash()`` of their code objects: salted per process (string hashing), so a
+    decorated frame (every transformers model's forward) never found its state in another
+    process, compileq's shared state and stock's local one alike (docs/BENCHMARKS.md: a
+    transformers Llama's new machine compiled static, then again dynamic). Separate processes
+    here: within one the salt is the same and the bug does not show."""
+    job = {"COMPILEQ_JOB_ID": f"decorated-{uuid.uuid4().hex}"}
+
+    def run(name: str) -> list[bool]:
+        proc = run_cli(env, "run", "--", sys.executable, str(DECORATED), tmp=tmp_path / name, **job)
+        return list(json.loads(proc.stdout.strip().splitlines()[-1])["dynamic"])
+
+    assert run("first") == [False, True]  # static, then again dynamic at the second length
+    assert run("new") == [True]  # one trace, of the graph the first process ended with
+    assert read_counters(clean_cache)[Counter.DYNAMIC_PROFILE_HITS.value] >= 1

@@ -88,6 +88,7 @@ def known_targets() -> list[tuple[Any, str]]:
         (distributed.SubmodCompiler, "run_node"),
         (pgo, "get_cache_key"),
         (pgo, "get_remote_cache"),
+        (pgo.CodeId, "make"),
     ]
     for name in ("RemoteFxGraphCache", "RemoteAOTAutogradCache", "RemoteAutotuneCache"):
         targets.append((getattr(remote_cache, name), "backend_override_cls"))

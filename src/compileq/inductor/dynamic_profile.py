@@ -20,6 +20,10 @@ Here, where the user named no job, the job is compileq's own job identity
 version; ``COMPILEQ_JOB_ID`` overrides it), and the state travels through compileq's store,
 signed like every entry. torch still adds the rank to its key, so each rank finds its own.
 
+A frame whose closure holds functions (a decorated forward, as every transformers model's)
+is found in that state by a hash torch salts per process; compileq makes it the same in every
+process (``_stable_closures``), or such a frame would never be found again, by stock either.
+
 Untrusted until verified: an entry not signed with the cluster's secret is absent to the store;
 a signed one torch cannot read is logged by torch and ignored (the frame then compiles static
 first, as without this). Redis away: nothing shared, as stock. A write that fails is lost,
@@ -36,7 +40,11 @@ would run slower kernels).
 from __future__ import annotations
 
 import base64
+import dataclasses
 import functools
+import hashlib
+import json
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -72,6 +80,9 @@ class DynamicProfile(Feature):
             return  # a torch without profile-guided state (or still loading): nothing to serve
         self.patches.wrap(module, "get_cache_key", _keyed)
         self.patches.wrap(module, "get_remote_cache", _remote)
+        code_id = getattr(module, "CodeId", None)
+        if code_id is not None and "closure_hash" in getattr(code_id, "__dataclass_fields__", {}):
+            self.patches.wrap_static(code_id, "make", _stable_closures)
 
     def read(self, key: str) -> bytes | None:
         """The state stored under torch's profile key ``key``; None where there is none to
@@ -190,6 +201,58 @@ def _remote_wanted() -> bool:
     from torch._dynamo import config
 
     return config.automatic_dynamic_remote_pgo is not False
+
+
+def _stable_closures(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``CodeId.make``: the same frame's identity in every process.
+
+    torch tells apart two frames of one code (a decorator's wrapper around two functions) by a
+    hash of the functions in their closure, and that hash is ``hash()`` of their code objects,
+    which Python salts per process (string hashing): a frame with a function in its closure
+    (a decorated forward, as every transformers model's) never found its state in another
+    process, neither in compileq's store nor in stock's local dir. A transformers Llama's new
+    machine compiled static, then again dynamic, with the state stored (docs/BENCHMARKS.md).
+    Here the hash is of what names each function (its qualified name, first line and file
+    name), digested: equal in every process. Rejected: a fixed ``PYTHONHASHSEED`` for the job
+    (set before the interpreter starts, so not by ``install()``; and it changes every dict
+    and set order of the user's program)."""
+
+    @functools.wraps(original)
+    def make(code: Any, closure: Any = None) -> Any:
+        code_id = original(code, closure)
+        if not closure or code_id.closure_hash is None:
+            return code_id
+        return _with_stable_closure(code_id, closure)
+
+    return make
+
+
+def _as_made(code_id: Any, closure: Any) -> Any:
+    return code_id
+
+
+@boundary.guard("dynamic profiles", instead=_as_made)
+def _with_stable_closure(code_id: Any, closure: Any) -> Any:
+    return dataclasses.replace(code_id, closure_hash=closure_digest(closure))
+
+
+def closure_digest(closure: tuple[Any, ...]) -> int:
+    """A signed 64-bit digest of the functions in ``closure`` (``None`` for another value or
+    an empty cell, as torch counts them), equal in every process."""
+    names: list[object] = []
+    for cell in closure:
+        try:
+            content = cell.cell_contents
+        except ValueError:  # an empty cell
+            content = None
+        code = getattr(content, "__code__", None) if callable(content) else None
+        if code is None:
+            names.append(None)
+        else:
+            qualname = getattr(code, "co_qualname", code.co_name)
+            names.append([qualname, code.co_firstlineno, os.path.basename(code.co_filename)])
+    digest = hashlib.sha256(json.dumps(names).encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
 
 
 def _remote(original: Callable[[], Any]) -> Callable[[], Any]:

@@ -1,0 +1,60 @@
+"""A decorated function whose input length changes: which graphs Dynamo compiled dynamic.
+
+    python decorated_lengths.py
+
+The function is wrapped by a decorator, as transformers wraps its models' forwards: the frame
+Dynamo compiles is the wrapper, whose closure holds the wrapped function. Lengths 4, 5 and 6;
+prints one JSON line, ``{"dynamic": [...]}``: for each graph the backend was given, whether one
+of its sizes was symbolic. The backend only records (no codegen: what is tested is Dynamo's),
+so Inductor is imported here, as any Inductor user's first compile imports it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch._inductor.compile_fx  # Inductor loading: where `compileq run` installs
+
+
+def returns_as_is(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+@returns_as_is
+def step(x: torch.Tensor) -> torch.Tensor:
+    return (x * 2).sum(dim=-1) + 1
+
+
+def main() -> None:
+    graphs: list[bool] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        graphs.append(
+            any(
+                isinstance(x, torch.SymInt)
+                or (
+                    isinstance(x, torch.Tensor)
+                    and any(isinstance(s, torch.SymInt) for s in x.shape)
+                )
+                for x in example_inputs
+            )
+        )
+        return gm.forward
+
+    compiled = torch.compile(step, backend=backend)
+    for n in (4, 5, 6):
+        x = torch.arange(3 * n, dtype=torch.float32).reshape(3, n)
+        assert torch.equal(compiled(x), (x * 2).sum(dim=-1) + 1)
+    print(json.dumps({"dynamic": graphs}))
+
+
+if __name__ == "__main__":
+    main()
