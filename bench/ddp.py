@@ -207,6 +207,9 @@ def run_job(
         # Dynamo's record of dynamic sizes not shared (inductor/dynamic_profile.py): a new
         # machine compiles a frame static, then dynamic, as before it.
         env["COMPILEQ_DYNAMIC_PROFILE"] = "0" if mode == "compileq-static-first" else "1"
+        # Graphs with an autocast region left out of AOTAutograd's cache, as stock leaves them
+        # (codegen/aot_autocast.py): a new machine traces their joint graphs again.
+        env["COMPILEQ_AOT_AUTOCAST"] = "0" if mode == "compileq-autocast-traced" else "1"
         if mode == "compileq-split":  # big graphs compiled in parts (codegen/split.py)
             env["COMPILEQ_SPLIT_GRAPHS"] = "gpu"
     elif mode == "stock-remote":

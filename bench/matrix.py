@@ -25,7 +25,8 @@ caches warm); ``compileq_cold`` (store emptied, workers' local caches wiped);
 ``compileq_new`` (empty dirs, warm cluster); by name only, ``compileq_split_cold`` and
 ``compileq_split_new`` (big graphs compiled in parts, ``COMPILEQ_SPLIT_GRAPHS=gpu``), and
 ``compileq_new_static_first`` (a new machine not reading which sizes went dynamic,
-``COMPILEQ_DYNAMIC_PROFILE=0``). Per run: each rank's time to steady state (the
+``COMPILEQ_DYNAMIC_PROFILE=0``) and ``compileq_new_autocast_traced`` (a new machine whose
+graphs with an autocast region bypass AOTAutograd's cache, ``COMPILEQ_AOT_AUTOCAST=0``). Per run: each rank's time to steady state (the
 first step; the first three for ``dynamic``, ``reduce-overhead`` and ``max-autotune``, whose
 later steps compile or record), all ranks done, losses against eager, graph codegens, kernels fetched one by one,
 fallbacks, and the median step once steady (with ``--steps`` of at least 3 past it).
@@ -108,6 +109,9 @@ RUNS = (
     # By name only: a new machine that does not read which sizes went dynamic
     # (inductor/dynamic_profile.py off), for that feature's gain in the same invocation.
     ("compileq_new_static_first", "compileq-static-first", None, None),
+    # By name only: a new machine whose graphs with an autocast region bypass AOTAutograd's
+    # cache, as stock's do (codegen/aot_autocast.py off).
+    ("compileq_new_autocast_traced", "compileq-autocast-traced", None, None),
 )
 #: The runs of a cell unless --runs names others.
 DEFAULT_RUNS = [name for name, *_ in RUNS[:6]]

@@ -5,7 +5,7 @@ grouped-query attention, SwiGLU; AdamW; bf16 autocast on a GPU.
     python llama_script.py [--device cpu|cuda|cuda:K] [--steps N] [--width W]
                            [--bucket-mb MB] [--fsdp] [--mode MODE] [--dump-code DIR]
                            [--model NAME] [--compile-blocks] [--dynamic] [--mark-dynamic]
-                           [--compile-optimizer] [--eager]
+                           [--compile-optimizer] [--float32-rotary] [--eager]
     torchrun --nproc-per-node 2 llama_script.py ...     # DDP (gloo on CPU, NCCL on GPUs)
     torchrun --nproc-per-node 2 llama_script.py --fsdp  # FSDP2: fully_shard per block
 
@@ -25,6 +25,8 @@ The training configurations of ``python -m bench matrix``:
   a dynamic graph after the static one; with ``--mark-dynamic`` the length is dynamic from the
   first step (``torch._dynamo.mark_dynamic``);
 * ``--compile-optimizer``: the optimizer's step compiled too;
+* ``--float32-rotary``: the rotary angles computed inside ``torch.autocast(enabled=False)``, as
+  transformers' Llama computes them (an autocast region in the graph);
 * ``--eager``: nothing compiled (the baseline a compile's first step is measured against).
 """
 
@@ -59,11 +61,20 @@ class RMSNorm(nn.Module):
         )
 
 
+#: ``--float32-rotary``: the rotary angles computed with autocast off (set by ``main``).
+FLOAT32_ROTARY = False
+
+
 def rotary(x: torch.Tensor) -> torch.Tensor:
     """Rotary position embedding over the last dimension (pairs of channels)."""
     seq, half = x.shape[-2], x.shape[-1] // 2
     freqs = 1.0 / (10000 ** (torch.arange(half, device=x.device, dtype=torch.float32) / half))
-    angles = torch.outer(torch.arange(seq, device=x.device, dtype=torch.float32), freqs)
+    positions = torch.arange(seq, device=x.device, dtype=torch.float32)
+    if FLOAT32_ROTARY:  # as transformers' Llama does: an autocast region in the graph
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            angles = torch.outer(positions, freqs)
+    else:
+        angles = torch.outer(positions, freqs)
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
@@ -160,6 +171,11 @@ def parse() -> argparse.Namespace:
         "--mark-dynamic", action="store_true", help="the length marked dynamic from the first step"
     )
     p.add_argument("--compile-optimizer", action="store_true", help="compile the optimizer step")
+    p.add_argument(
+        "--float32-rotary",
+        action="store_true",
+        help="the rotary angles computed with autocast off, as transformers' Llama does",
+    )
     p.add_argument("--eager", action="store_true", help="compile nothing")
     p.add_argument("--dump-code", default=None)
     p.add_argument(
@@ -238,7 +254,9 @@ MODELS = ("script", "hf-llama", "hf-gpt2", "timm-resnet", "timm-vit")
 
 
 def main() -> None:
+    global FLOAT32_ROTARY
     args = parse()
+    FLOAT32_ROTARY = args.float32_rotary
     if os.environ.get("BENCH_DEBUG_LOG"):  # compileq's debug lines on stderr (bench/matrix.py)
         import logging
 

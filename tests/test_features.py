@@ -70,6 +70,7 @@ def known_targets() -> list[tuple[Any, str]]:
         (cpu_vec_isa.VecISA, "check_build"),
         (output_code.CompiledFxGraph, "prepare_for_serialization"),
         (autograd_cache, "autograd_cache_key"),
+        (autograd_cache, "check_node_safe"),
         (autograd_cache.AOTAutogradCache, "save"),
         (autograd_cache.AOTAutogradCache, "try_load"),
         (autograd_cache.AOTAutogradCache, "_lookup"),
