@@ -73,7 +73,10 @@ demo: setup
 # CI took 12.0 for that code. 12.6 here for the twentieth's (a big graph in parts: 7 tests, three
 # CPU jobs of a minute between them). CI took 13.4 for that code. 11.4 here for the
 # twenty-first's (the dynamic profile: 5 tests in process, one more assertion in a CPU job);
-# 11.2 with its DDP fix (a DDP job whose length changes: one more CPU job).
+# 11.2 with its DDP fix (a DDP job whose length changes: one more CPU job). CI took 13.7 for
+# that code (and failed on the Sentinel flake the twenty-second fixed). 15.4 here for the
+# twenty-second's (two failover tests with a stopped pool, two processes for a decorated
+# frame, a CPU job with an autocast region).
 # The 2 cores are saturated throughout (vmstat: 3-8% idle on average), so a third process only slows every
 # test: the suite's time is its CPU, two-thirds of it fresh processes importing torch. Which
 # tests share a process (the Docker ones; those sharing a cold job) is

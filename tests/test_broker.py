@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import subprocess
 from pathlib import Path
 
@@ -34,7 +33,7 @@ from tests.conftest import (
     stop_worker,
 )
 from tests.reliability import Recorder
-from tests.test_faults import all_kernels_sound, build_processes, wait_for
+from tests.test_faults import all_kernels_sound, build_processes, paused, wait_for
 
 GPT = FIXTURES / "gpt_head.jsonl"
 CACHE_DB = 7
@@ -109,14 +108,12 @@ def test_an_evicting_broker_that_drops_messages_is_caught_by_the_deadline_and_wa
     server = start_broker(tmp_path, "allkeys-lru")
     benv = Env(cache_env.redis_url, cache_env.home, {"COMPILEQ_BROKER_URL": server.url()})
     worker = start_worker(benv, tmp_path, "--concurrency", "1")
-    pool = build_processes(worker.process.pid)
+    stack = contextlib.ExitStack()
     try:
         assert "maxmemory-policy allkeys-lru" in worker.log.read_text()
         # A worker too busy to take its messages (its build process stopped): they wait in
         # the broker's queue, where memory pressure can evict them.
-        assert pool, "no build processes found"
-        for pid in pool:
-            os.kill(pid, signal.SIGSTOP)
+        stack.enter_context(paused(build_processes(worker.process.pid)))
         broker = server.client()
         n = len(manifest_rows(GPT))
         client = subprocess.Popen(
@@ -163,9 +160,7 @@ def test_an_evicting_broker_that_drops_messages_is_caught_by_the_deadline_and_wa
             n - report["local"] - report["remote"] - report["hits"] + report["failed"],
         )
     finally:
-        for pid in pool:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
+        stack.close()
         stop_worker(worker)
         localstack.stop(server.process)
 

@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import redis
@@ -49,6 +49,21 @@ def build_processes(supervisor: int) -> list[int]:
     """The Celery pool processes: children of the worker process the supervisor started."""
     children = children_map()
     return [p for main in children.get(supervisor, []) for p in children.get(main, [])]
+
+
+@contextlib.contextmanager
+def paused(pids: list[int]) -> Iterator[None]:
+    """The worker's build processes stopped (SIGSTOP) for the block, and let go after it
+    whatever happens: a build its main process hands out meanwhile stays in hand, unacked."""
+    assert pids, "no build processes found"
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
 
 
 def wait_for(
@@ -232,29 +247,24 @@ def test_a_worker_holding_a_build_when_redis_dies_under_its_pop_reconnects_in_th
     row["source"] += f"\n# {tmp_path.name}\n"  # built by nobody before
     one = tmp_path / "one.jsonl"
     one.write_text(json.dumps(row) + "\n")
-    pool: list[int] = []
     try:
         wait_for(lambda: bool(build_processes(worker.process.pid)), 60, "the pool")
-        pool = build_processes(worker.process.pid)
-        for pid in pool:
-            os.kill(pid, signal.SIGSTOP)
-        client = warm_async(renv, tmp_path, one)
         log = worker.log
-        wait_for(lambda: "compile_triton[" in log.read_text(), 60, "the build taken by the worker")
-        time.sleep(0.5)  # the consumer back in its pop for the free slot
-        server.process.kill()
-        server.process.wait()
-        time.sleep(1.0)  # a reconnection refused, at least once
-        server = localstack.start_redis(tmp_path / "redis", port=server.port)
+        with paused(build_processes(worker.process.pid)):
+            client = warm_async(renv, tmp_path, one)
+            wait_for(lambda: "compile_triton[" in log.read_text(), 60, "the build in hand")
+            time.sleep(0.5)  # the consumer back in its pop for the free slot
+            server.process.kill()
+            server.process.wait()
+            time.sleep(1.0)  # a reconnection refused, at least once
+            server = localstack.start_redis(tmp_path / "redis", port=server.port)
 
-        def back_or_gone() -> bool:
-            text = log.read_text()
-            lost = text.partition("Connection to broker lost")[2]
-            return "Connected to redis://" in lost or "Unrecoverable error" in text
+            def back_or_gone() -> bool:
+                text = log.read_text()
+                lost = text.partition("Connection to broker lost")[2]
+                return "Connected to redis://" in lost or "Unrecoverable error" in text
 
-        wait_for(back_or_gone, 60, "the worker's reconnection (or its exit)")
-        for pid in pool:
-            os.kill(pid, signal.SIGCONT)
+            wait_for(back_or_gone, 60, "the worker's reconnection (or its exit)")
         out, err = client.communicate(timeout=180)
         assert client.returncode == 0, err[-3000:]
         report = json.loads(out.strip().splitlines()[-1])
@@ -269,8 +279,5 @@ def test_a_worker_holding_a_build_when_redis_dies_under_its_pop_reconnects_in_th
 
         wait_for(built_after_reconnecting, 60, "the build, run by the same process after that")
     finally:
-        for pid in pool:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
         stop_worker(worker)
         localstack.stop(server.process)

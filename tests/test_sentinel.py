@@ -16,11 +16,9 @@ it once more, on a worker, and stores it (docs/DEPLOY.md, "Redis high availabili
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -55,7 +53,7 @@ from tests.conftest import (
     stop_worker,
 )
 from tests.reliability import Recorder
-from tests.test_faults import build_processes, wait_for
+from tests.test_faults import build_processes, paused, wait_for
 
 MASTER = "compileq"
 #: Four kernels: enough to be mid-warm at the kill, few enough to build locally in seconds.
@@ -371,11 +369,7 @@ def test_a_worker_whose_master_dies_under_its_pop_while_a_build_is_unacked_recon
     row["source"] += f"\n# {tmp_path.name} {time.time()}\n"
     one = tmp_path / "one.jsonl"
     one.write_text(json.dumps(row) + "\n")
-    pool = build_processes(ha.worker.process.pid)
-    assert pool, "no pool process found under the worker"
-    for pid in pool:
-        os.kill(pid, signal.SIGSTOP)
-    try:
+    with paused(build_processes(ha.worker.process.pid)):
         client = start(ha, tmp_path, "warm", str(one), "--json", COMPILEQ_DEADLINE_S="10")
         wait_for(
             lambda: "compile_triton[" in ha.worker.log.read_text()[mark:],
@@ -394,10 +388,6 @@ def test_a_worker_whose_master_dies_under_its_pop_while_a_build_is_unacked_recon
             60,
             "the worker's reconnection (or its exit)",
         )
-    finally:
-        for pid in pool:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
     report, err = report_of(client)
     assert report["failed"] == 0 and report["kernels"] == 1, err[-3000:]
     log = ha.worker.log.read_text()[mark:]
