@@ -27,22 +27,25 @@ socket, sentinel) to change one method; leaving it to the supervisor (a restart 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
-#: Set on the close this module made, so that installing twice wraps once.
-_MARK = "_compileq_finishes_after_a_dead_pop"
+from compileq.hooks.ledger import Patches
+
+#: In the ledger with every other replacement compileq makes (for the worker's life).
+_PATCHES = Patches("broker-close", "a broker lost under a pending pop may end the worker")
 
 
 def install() -> None:
     """Make kombu's Redis channels (plain, TLS, unix socket, Sentinel) finish a close whose
-    pending pop's read failed. Idempotent; the worker's main process calls it before Celery
-    connects."""
+    pending pop's read failed. Once per process; the worker's main process calls it before
+    Celery connects."""
     from kombu.transport import redis as transport
 
-    original = transport.Channel.close
-    if getattr(original, _MARK, False):
-        return
+    _PATCHES.wrap(transport.Channel, "close", _finishing)
 
+
+def _finishing(original: Callable[[Any], None]) -> Callable[[Any], None]:
     @functools.wraps(original)
     def close(self: Any) -> None:
         try:
@@ -53,5 +56,4 @@ def install() -> None:
             # The pending pop's read failed, and cleared the pop: the rest of the close, now.
             original(self)
 
-    setattr(close, _MARK, True)
-    transport.Channel.close = close  # type: ignore[method-assign]
+    return close
