@@ -213,7 +213,7 @@ def _stable_closures(original: Callable[..., Any]) -> Callable[..., Any]:
     process, neither in compileq's store nor in stock's local dir. A transformers Llama's new
     machine compiled static, then again dynamic, with the state stored (docs/BENCHMARKS.md).
     Here the hash is of what names each function (its qualified name, first line and file
-    name), digested: equal in every process. Rejected: a fixed ``PYTHONHASHSEED`` for the job
+    name) and of its bytecode, digested: equal in every process. Rejected: a fixed ``PYTHONHASHSEED`` for the job
     (set before the interpreter starts, so not by ``install()``; and it changes every dict
     and set order of the user's program)."""
 
@@ -250,7 +250,8 @@ def closure_digest(closure: tuple[Any, ...]) -> int:
             names.append(None)
         else:
             qualname = getattr(code, "co_qualname", code.co_name)
-            names.append([qualname, code.co_firstlineno, os.path.basename(code.co_filename)])
+            body = hashlib.sha256(code.co_code).hexdigest()  # two lambdas on one line differ
+            names.append([qualname, code.co_firstlineno, os.path.basename(code.co_filename), body])
     digest = hashlib.sha256(json.dumps(names).encode()).digest()
     return int.from_bytes(digest[:8], "big", signed=True)
 
