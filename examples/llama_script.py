@@ -33,6 +33,7 @@ The training configurations of ``python -m bench matrix``:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import time
@@ -70,10 +71,13 @@ def rotary(x: torch.Tensor) -> torch.Tensor:
     seq, half = x.shape[-2], x.shape[-1] // 2
     freqs = 1.0 / (10000 ** (torch.arange(half, device=x.device, dtype=torch.float32) / half))
     positions = torch.arange(seq, device=x.device, dtype=torch.float32)
-    if FLOAT32_ROTARY:  # as transformers' Llama does: an autocast region in the graph
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            angles = torch.outer(positions, freqs)
-    else:
+    # As transformers' Llama does with --float32-rotary: an autocast region in the graph.
+    region = (
+        torch.autocast(device_type=x.device.type, enabled=False)
+        if FLOAT32_ROTARY
+        else contextlib.nullcontext()
+    )
+    with region:
         angles = torch.outer(positions, freqs)
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     x1, x2 = x[..., :half], x[..., half:]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from compileq.cache.counters import Counter, read_counters
 from compileq.cache.store import RedisStore
 from compileq.config import Settings
 from compileq.inductor import dynamic_profile, profiles
+from tests.clients import decorated_lengths
 from tests.conftest import CLIENTS, Env, run_cli
 
 DECORATED = CLIENTS / "decorated_lengths.py"
@@ -46,34 +47,13 @@ def another_process(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, name: str) 
     torch._dynamo.pgo.reset_code_state()
 
 
-def compiled(graphs: list[bool]) -> Callable[[torch.Tensor], torch.Tensor]:
-    """A function compiled anew, whose backend records whether each graph it gets is dynamic
-    (a symbolic size among its inputs)."""
-
-    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        graphs.append(
-            any(
-                isinstance(x, torch.SymInt)
-                or (
-                    isinstance(x, torch.Tensor)
-                    and any(isinstance(s, torch.SymInt) for s in x.shape)
-                )
-                for x in example_inputs
-            )
-        )
-        return gm.forward
-
-    def step(x: torch.Tensor) -> torch.Tensor:
-        return (x * 2).sum(dim=-1) + 1
-
-    return torch.compile(step, backend=backend)
-
-
 def run_lengths(graphs: list[bool], *lengths: int) -> None:
-    fn = compiled(graphs)
-    for n in lengths:
-        x = torch.arange(3 * n, dtype=torch.float32).reshape(3, n)
-        assert torch.equal(fn(x), (x * 2).sum(dim=-1) + 1)
+    """A function compiled anew, undecorated, on inputs of each length; its backend records
+    whether each graph it gets is dynamic."""
+    decorated_lengths.run_lengths(
+        torch.compile(decorated_lengths.arithmetic, backend=decorated_lengths.recording(graphs)),
+        *lengths,
+    )
 
 
 def test_a_new_machine_compiles_a_frame_dynamic_at_once_where_the_first_saw_sizes_vary(

@@ -28,13 +28,17 @@ def returns_as_is(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-@returns_as_is
-def step(x: torch.Tensor) -> torch.Tensor:
+def arithmetic(x: torch.Tensor) -> torch.Tensor:
     return (x * 2).sum(dim=-1) + 1
 
 
-def main() -> None:
-    graphs: list[bool] = []
+#: The same, decorated: the frame Dynamo compiles is the wrapper, ``arithmetic`` in its closure.
+step = returns_as_is(arithmetic)
+
+
+def recording(graphs: list[bool]) -> Callable[..., Any]:
+    """A backend that appends to ``graphs`` whether each graph it gets is dynamic (a symbolic
+    size among its inputs) and runs it as traced. tests/test_dynamic_profile.py uses it too."""
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         graphs.append(
@@ -49,10 +53,19 @@ def main() -> None:
         )
         return gm.forward
 
-    compiled = torch.compile(step, backend=backend)
-    for n in (4, 5, 6):
+    return backend
+
+
+def run_lengths(fn: Callable[[torch.Tensor], torch.Tensor], *lengths: int) -> None:
+    """``fn`` on inputs of each length, checked against ``arithmetic`` run eagerly."""
+    for n in lengths:
         x = torch.arange(3 * n, dtype=torch.float32).reshape(3, n)
-        assert torch.equal(compiled(x), (x * 2).sum(dim=-1) + 1)
+        assert torch.equal(fn(x), arithmetic(x))
+
+
+def main() -> None:
+    graphs: list[bool] = []
+    run_lengths(torch.compile(step, backend=recording(graphs)), 4, 5, 6)
     print(json.dumps({"dynamic": graphs}))
 
 

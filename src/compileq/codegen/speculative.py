@@ -152,9 +152,11 @@ def _restrided(pending: _Pending, strides: fx_strides.Strides) -> list[Any] | No
     import torch
 
     meta = pending.fw_metadata
-    traced = _traced_inputs(pending.bw_module)
-    if meta is None or traced is None or len(strides) != _outputs(pending.fw_module):
+    if meta is None or len(strides) != _outputs(pending.fw_module):
         return None  # not this forward's outputs: nothing to restride by
+    traced = _traced_inputs(pending.bw_module)
+    if traced is None:
+        return None
     start, stop, _ = meta.tensors_saved_for_backwards_slice.indices(len(strides))
     saved = {o: s for o, s in enumerate(strides) if start <= o < stop and s is not None}
     with torch.no_grad():
