@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import redis
 
 import compileq
+from compileq import keys
 from compileq.config import Settings
 from tests.conftest import Env, Worker, compileq_cmd, stats
 
@@ -98,6 +100,49 @@ def test_install_routes_inductors_remote_caches_to_the_store_and_uninstall_resto
         inductor_config.fx_graph_remote_cache,
     )
     assert after == before
+
+
+def test_a_graph_put_by_its_compiler_between_a_lookup_and_the_lease_it_frees_is_a_hit_not_a_compile(
+    clean_cache: redis.Redis, settings: Settings
+) -> None:
+    # The race CI met with four processes (one of them compiled nothing and hit nothing): this
+    # process looks the graph up (miss); the process compiling it puts the entry and frees its
+    # lease; this process then takes the lease. Holding it means "compile it" only if the
+    # entry is still missing, so the lookup is made once more after the take.
+    from compileq.cache.counters import read_counters, reset_counters
+    from compileq.cache.store import Entry, RedisStore
+    from compileq.inductor import graph_cache
+    from compileq.scheduler import leases
+
+    fx = graph_cache.FxGraphBackend()
+    name = fx._key("fxgraph-compiled-elsewhere")
+    other = "the-process-compiling-it"
+    assert leases.take_many(clean_cache, [name], other, 30_000, secret=settings.secret_bytes()) == [
+        True
+    ]
+
+    class Interleaved(RedisStore):
+        """The other process's put and release, made to fall right after this one's miss."""
+
+        def get_many(self, names: Sequence[str]) -> list[Entry | None]:
+            found = super().get_many(names)
+            if (
+                list(names) == [name]
+                and found == [None]
+                and leases.release(clean_cache, name, other)
+            ):
+                assert RedisStore(clean_cache, settings).put(name, b"generated elsewhere")
+            return found
+
+    reset_counters(clean_cache)
+    graph_cache.enable(Interleaved(clean_cache, settings), deadline_s=5)
+    try:
+        assert fx._get("fxgraph-compiled-elsewhere") == b"generated elsewhere"
+    finally:
+        graph_cache.disable()
+    counters = read_counters(clean_cache)
+    assert counters["fx_hits"] == 1 and counters["fx_misses"] == 0, counters
+    assert clean_cache.get(keys.lock(name)) is None  # the lease taken for nothing is handed back
 
 
 def test_four_processes_compiling_the_same_model_at_once_run_one_codegen_per_graph(

@@ -106,7 +106,14 @@ class _StoreBackend(RemoteCacheBackend[bytes]):  # type: ignore[misc]
             entry = store.get_many([name])[0]
             if entry is not None:
                 return entry
-        return None
+        # The lease is ours, but the process that held it may have put the entry and freed it
+        # between this process's last look and the take: look once more, else that graph is
+        # compiled twice (CI saw it with four processes). Rejected: putting and releasing in
+        # one script on the compiler's side, which would not close the window on this side.
+        entry = store.get_many([name])[0]
+        if entry is not None:
+            leases.release(name)
+        return entry
 
     def _put_counter(self) -> Counter | None:
         return self.on_put
