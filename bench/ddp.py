@@ -208,8 +208,8 @@ def run_job(
         # machine compiles a frame static, then dynamic, as before it.
         env["COMPILEQ_DYNAMIC_PROFILE"] = "0" if mode == "compileq-static-first" else "1"
         # Graphs with an autocast region left out of AOTAutograd's cache, as stock leaves them
-        # (codegen/aot_autocast.py): a new machine traces their joint graphs again.
-        env["COMPILEQ_AOT_AUTOCAST"] = "0" if mode == "compileq-autocast-traced" else "1"
+        # (codegen/aot_regions.py): a new machine traces their joint graphs again.
+        env["COMPILEQ_AOT_REGIONS"] = "0" if mode == "compileq-autocast-traced" else "1"
         if mode == "compileq-split":  # big graphs compiled in parts (codegen/split.py)
             env["COMPILEQ_SPLIT_GRAPHS"] = "gpu"
     elif mode == "stock-remote":

@@ -26,7 +26,7 @@ caches warm); ``compileq_cold`` (store emptied, workers' local caches wiped);
 ``compileq_split_new`` (big graphs compiled in parts, ``COMPILEQ_SPLIT_GRAPHS=gpu``), and
 ``compileq_new_static_first`` (a new machine not reading which sizes went dynamic,
 ``COMPILEQ_DYNAMIC_PROFILE=0``) and ``compileq_new_autocast_traced`` (a new machine whose
-graphs with an autocast region bypass AOTAutograd's cache, ``COMPILEQ_AOT_AUTOCAST=0``). Per run: each rank's time to steady state (the
+graphs with an autocast region bypass AOTAutograd's cache, ``COMPILEQ_AOT_REGIONS=0``). Per run: each rank's time to steady state (the
 first step; the first three for ``dynamic``, ``reduce-overhead`` and ``max-autotune``, whose
 later steps compile or record), all ranks done, losses against eager, graph codegens, kernels fetched one by one,
 fallbacks, and the median step once steady (with ``--steps`` of at least 3 past it).
@@ -67,6 +67,9 @@ CONFIGS: dict[str, tuple[int, tuple[str, ...]]] = {
     "reduce-overhead": (0, ("--device", "cuda:0", "--mode", "reduce-overhead")),
     "dynamic": (0, ("--device", "cuda:0", "--dynamic")),
     "compiled-opt": (0, ("--device", "cuda:0", "--compile-optimizer")),
+    # The script model's attention in an sdpa_kernel region and its rotary angles in an
+    # autocast one: graphs AOTAutograd's cache bypassed (codegen/aot_regions.py).
+    "regions": (0, ("--device", "cuda:0", "--float32-rotary", "--sdpa-backend", "FLASH_ATTENTION")),
     # mode="max-autotune" (GEMM templates timed, coordinate descent at first launch, CUDA
     # graphs), on cuda:0, on cuda:1 and per rank under DDP; and without CUDA graphs.
     "max-autotune": (0, ("--device", "cuda:0", "--mode", "max-autotune")),
@@ -77,6 +80,7 @@ CONFIGS: dict[str, tuple[int, tuple[str, ...]]] = {
     "cpu": (0, ("--device", "cpu")),
     "cpu-fsdp2-block": (2, ("--device", "cpu", "--fsdp", "--compile-blocks")),
     "cpu-dynamic": (0, ("--device", "cpu", "--dynamic")),
+    "cpu-regions": (0, ("--device", "cpu", "--float32-rotary", "--sdpa-backend", "MATH")),
     "cpu-ddp-dynamic": (2, ("--device", "cpu", "--dynamic")),
 }
 #: Steps to steady state: the first step, or the first three where later steps compile
@@ -92,6 +96,8 @@ READY_STEPS = {
     "max-autotune-ddp": 3,
     "max-autotune-no-cg": 1,
 }
+#: Configurations that shape the script's own model (its flags): skipped for the others.
+SCRIPT_ONLY = frozenset(("regions", "cpu-regions"))
 #: Each run: its name, bench.ddp's mode, what comes before it, and whose dirs it reuses.
 RUNS = (
     ("eager", "stock", None, None),
@@ -109,8 +115,8 @@ RUNS = (
     # By name only: a new machine that does not read which sizes went dynamic
     # (inductor/dynamic_profile.py off), for that feature's gain in the same invocation.
     ("compileq_new_static_first", "compileq-static-first", None, None),
-    # By name only: a new machine whose graphs with an autocast region bypass AOTAutograd's
-    # cache, as stock's do (codegen/aot_autocast.py off).
+    # By name only: a new machine whose graphs with an autocast or sdpa_kernel region bypass
+    # AOTAutograd's cache, as stock's do (codegen/aot_regions.py off).
     ("compileq_new_autocast_traced", "compileq-autocast-traced", None, None),
 )
 #: The runs of a cell unless --runs names others.
@@ -261,6 +267,9 @@ def main(argv: list[str] | None = None) -> int:
         cluster.start_worker(None, gpus="all" if gpus else None, env=debug)
         for workload in workloads:
             for config in configs:
+                if config in SCRIPT_ONLY and workload != "script":
+                    print(f"{workload}/{config}: skipped (the script's model only)", flush=True)
+                    continue
                 extra = args.script_args.split()
                 profile = out if args.cprofile_new else None
                 cell = run_cell(

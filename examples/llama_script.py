@@ -5,7 +5,8 @@ grouped-query attention, SwiGLU; AdamW; bf16 autocast on a GPU.
     python llama_script.py [--device cpu|cuda|cuda:K] [--steps N] [--width W]
                            [--bucket-mb MB] [--fsdp] [--mode MODE] [--dump-code DIR]
                            [--model NAME] [--compile-blocks] [--dynamic] [--mark-dynamic]
-                           [--compile-optimizer] [--float32-rotary] [--eager]
+                           [--compile-optimizer] [--float32-rotary]
+                           [--sdpa-backend NAME] [--eager]
     torchrun --nproc-per-node 2 llama_script.py ...     # DDP (gloo on CPU, NCCL on GPUs)
     torchrun --nproc-per-node 2 llama_script.py --fsdp  # FSDP2: fully_shard per block
 
@@ -27,6 +28,9 @@ The training configurations of ``python -m bench matrix``:
 * ``--compile-optimizer``: the optimizer's step compiled too;
 * ``--float32-rotary``: the rotary angles computed inside ``torch.autocast(enabled=False)``, as
   transformers' Llama computes them (an autocast region in the graph);
+* ``--sdpa-backend NAME``: attention inside ``torch.nn.attention.sdpa_kernel(SDPBackend.NAME)``
+  (``MATH``, ``FLASH_ATTENTION``, ``EFFICIENT_ATTENTION``, ``CUDNN_ATTENTION``), as a model
+  that picks its attention kernel does (an SDPA-backend region in the graph);
 * ``--eager``: nothing compiled (the baseline a compile's first step is measured against).
 """
 
@@ -64,6 +68,8 @@ class RMSNorm(nn.Module):
 
 #: ``--float32-rotary``: the rotary angles computed with autocast off (set by ``main``).
 FLOAT32_ROTARY = False
+#: ``--sdpa-backend``: the one attention backend allowed, or None for torch's choice.
+SDPA_BACKEND: str | None = None
 
 
 def rotary(x: torch.Tensor) -> torch.Tensor:
@@ -84,6 +90,15 @@ def rotary(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
 
+def attention_backend() -> contextlib.AbstractContextManager[object]:
+    """The region ``--sdpa-backend`` names (nothing in the graph without it)."""
+    if SDPA_BACKEND is None:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(getattr(SDPBackend, SDPA_BACKEND))
+
+
 class Attention(nn.Module):
     def __init__(self, dim: int, heads: int, kv_heads: int) -> None:
         super().__init__()
@@ -99,7 +114,9 @@ class Attention(nn.Module):
         k, v = k.transpose(1, 2), v.transpose(1, 2)
         repeat = self.heads // self.kv_heads
         k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
-        y = F.scaled_dot_product_attention(rotary(q), rotary(k), v, is_causal=True)
+        q, k = rotary(q), rotary(k)
+        with attention_backend():
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.out(y.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -180,6 +197,12 @@ def parse() -> argparse.Namespace:
         action="store_true",
         help="the rotary angles computed with autocast off, as transformers' Llama does",
     )
+    p.add_argument(
+        "--sdpa-backend",
+        default=None,
+        choices=["MATH", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION"],
+        help="the one attention backend allowed (a torch.nn.attention.sdpa_kernel region)",
+    )
     p.add_argument("--eager", action="store_true", help="compile nothing")
     p.add_argument("--dump-code", default=None)
     p.add_argument(
@@ -188,7 +211,10 @@ def parse() -> argparse.Namespace:
         help="give each rank its own Inductor and Triton cache dirs under this one (as if each "
         "ran on a node of its own)",
     )
-    return p.parse_args()
+    args = p.parse_args()
+    if args.model != "script" and (args.float32_rotary or args.sdpa_backend):
+        p.error("--float32-rotary and --sdpa-backend shape the script's own model only")
+    return args
 
 
 class Workload:
@@ -258,9 +284,9 @@ MODELS = ("script", "hf-llama", "hf-gpt2", "timm-resnet", "timm-vit")
 
 
 def main() -> None:
-    global FLOAT32_ROTARY
+    global FLOAT32_ROTARY, SDPA_BACKEND
     args = parse()
-    FLOAT32_ROTARY = args.float32_rotary
+    FLOAT32_ROTARY, SDPA_BACKEND = args.float32_rotary, args.sdpa_backend
     if os.environ.get("BENCH_DEBUG_LOG"):  # compileq's debug lines on stderr (bench/matrix.py)
         import logging
 

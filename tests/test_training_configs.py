@@ -29,10 +29,13 @@ CONFIGS = {
     # found no example value for one and failed the job (found by the twenty-first session's
     # CPU matrix). Width 128 failed so before the fix; the tests' width 32 did not.
     "ddp, a length that changes": (2, ("--width", "128", "--dynamic")),
-    # An autocast region in the graph, as transformers' Llama has for its rotary angles:
-    # AOTAutograd's cache refused such graphs and every new machine traced them again
-    # (codegen/aot_autocast.py).
-    "an autocast region": (0, (*ONE_BLOCK, "--float32-rotary")),
+    # An autocast region in the graph, as transformers' Llama has for its rotary angles, and an
+    # attention-backend one (sdpa_kernel): AOTAutograd's cache refused such graphs and every
+    # new machine traced them again (codegen/aot_regions.py). One cell: the same check.
+    "autocast and sdpa_kernel regions": (
+        0,
+        (*ONE_BLOCK, "--float32-rotary", "--sdpa-backend", "MATH"),
+    ),
     # CPU's max-autotune: C++ GEMM templates timed in codegen (on the worker), no Triton
     # kernel timing its configs at first launch (issue 35's CPU line).
     "max-autotune": (0, (*ONE_BLOCK, "--mode", "max-autotune")),

@@ -148,10 +148,11 @@ class Settings(BaseSettings):
         description="Keep Python's full garbage collections off the objects that exist before "
         "each compile, for the compile's length (see inductor/gc_window.py).",
     )
-    aot_autocast: Flag = Field(
+    aot_regions: Flag = Field(
         True,
-        description="With graph_cache: let AOTAutograd's cache take graphs with an autocast "
-        "region, which stock traces again at every start (see codegen/aot_autocast.py).",
+        description="With graph_cache: let AOTAutograd's cache take graphs with an autocast or "
+        "sdpa_kernel region, which stock traces again at every start (see "
+        "codegen/aot_regions.py).",
     )
     dynamic_profile: Flag = Field(
         True,

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from compileq import fingerprint, stack_chunks
 from compileq._log import log, warn_once
-from compileq.codegen import aot_autocast, ddp_aot, deferred, remote, speculative, split
+from compileq.codegen import aot_regions, ddp_aot, deferred, remote, speculative, split
 from compileq.config import Settings, get_settings
 from compileq.errors import ConfigError
 from compileq.hooks.feature import Context, Feature
@@ -123,7 +123,7 @@ FEATURES: tuple[Feature, ...] = (
     cpp_cache.FEATURE,  # graph_cache: C++ objects and ISA probes in the store
     cpp_fanout.FEATURE,  # graph_cache, cpp_fanout: C++ misses built by workers
     ddp_aot.FEATURE,  # graph_cache, ddp_aot_cache; clients: DDP subgraphs cached
-    aot_autocast.FEATURE,  # graph_cache, aot_autocast; clients: autocast regions cached
+    aot_regions.FEATURE,  # graph_cache, aot_regions; clients: autocast, SDPA regions cached
     index_free.FEATURE,  # graph_cache, index_free_keys; clients: one entry for every GPU index
     InductorKeys(),  # always: torch_key and triton_key seeded, torch's ptxas
     gc_window.FEATURE,  # gc_window; clients: no full collections over a compile
