@@ -181,3 +181,73 @@ def test_a_recorded_output_made_again_keeps_inductors_static_mark_and_so_the_nex
     old_record = [{k: v for k, v in described[0].items() if k != "static"}]
     assert ddp_aot._checked(old_record) == old_record
     assert ddp_aot._checked([{**described[0], "static": 1}]) is None
+
+
+def test_a_symbolic_output_is_recorded_over_the_inputs_and_made_again_with_another_processes_symbols() -> (
+    None
+):
+    # Under DDP with a length that changes, the frame's subgraphs have symbolic sizes: their
+    # outputs are recorded as expressions over the inputs, and made again on a new machine's
+    # inputs, whose symbols have other names (another process numbers them its own way).
+    import torch
+    from torch.fx.experimental.symbolic_shapes import (
+        DimDynamic,
+        ShapeEnv,
+        StatelessSymbolicContext,
+    )
+
+    def inputs(skip: int) -> tuple[Any, list[Any]]:
+        mode = torch._subclasses.fake_tensor.FakeTensorMode(shape_env=ShapeEnv())
+        dynamic = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC])
+        for n in range(skip):  # sizes this process made symbolic first: its length's is another
+            mode.from_tensor(torch.empty(100 + n, 1), symbolic_context=dynamic)
+        tokens = mode.from_tensor(torch.empty(6, 8), symbolic_context=dynamic)
+        static = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.STATIC] * 2)
+        weight = mode.from_tensor(torch.empty(8, 4), symbolic_context=static)
+        return mode, [weight, tokens, tokens.shape[0]]
+
+    mode, first = inputs(0)
+    length = first[2]
+    with mode:
+        hidden = (first[1] @ first[0]).repeat(2, 1).t()  # (4, 2 * length), strides (1, 4)
+        outputs = [hidden, length * 3 - 1, None, 7, torch.empty(4, 8)]
+    described = ddp_aot._describe(outputs, ddp_aot._symbols(first))
+    assert described is not None
+    record = ddp_aot._checked(json.loads(json.dumps(described)))
+    assert record == described
+
+    other_mode, other = inputs(3)  # a new machine: its length is another symbol
+    made = ddp_aot._make(cast(list[Any], ddp_aot._resolved(record, other)), other_mode)
+    other_length = other[2].node.expr
+    assert other_length != length.node.expr
+    assert [str(n.node.expr) if isinstance(n, torch.SymInt) else n for n in made[0].shape] == [
+        4,
+        f"2*{other_length}",
+    ]
+    assert made[0].stride() == hidden.stride() and made[0].dtype == hidden.dtype
+    assert str(made[1].node.expr) == f"3*{other_length} - 1"
+    assert made[2:4] == [None, 7] and made[4].shape == (4, 8)
+
+    # Inputs that do not fit the record (the length static here) make no outputs: the
+    # subgraph compiles. A size held by no input is not recorded at all.
+    static = [other[0], torch.empty(6, 8), 6]
+    assert ddp_aot._resolved(record, static) is None
+    with mode:
+        unknown = torch.empty(mode.shape_env.create_unbacked_symint())
+    assert ddp_aot._describe([unknown], ddp_aot._symbols(first)) is None
+    assert ddp_aot._describe([hidden]) is None  # no inputs known: symbolic sizes unsaid
+    # Expressions read from Redis are checked as the rest: an unknown operation, a reference
+    # that is not one, or nesting past the limit make the record unread.
+    for forged in (
+        ["eval", 1, 2],
+        ["in", -1],
+        ["in", 0, 0, 0],
+        ["+", 1],
+        ["//", 1, 2, 3],
+        ["**", ["in", 0], 10**9],
+    ):
+        assert ddp_aot._checked([{**record[0], "shape": [4, forged]}]) is None
+    deep: Any = 1
+    for _ in range(40):
+        deep = ["+", deep, 1]
+    assert ddp_aot._checked([{"symint": deep}]) is None

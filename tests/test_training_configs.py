@@ -88,10 +88,9 @@ def test_a_new_machine_generates_nothing_in_the_training_configuration(
     grew = {c: new.get(c, 0) - cold.get(c, 0) for c in (*asked, *built)}
     assert grew == dict.fromkeys(grew, 0), (grew, second.stderr[-3000:])
     assert new["fx_hits"] - cold["fx_hits"] >= second.ranks[0]["graphs"]
-    # Nor traced a joint graph: every AOTAutograd entry was found. But for DDP's subgraphs
-    # with symbolic sizes, which stay on stock's path (codegen/ddp_aot.py: static shapes only).
-    symbolic_ddp = nproc and "--dynamic" in args
-    for rank in [] if symbolic_ddp else second.ranks:
+    # Nor traced a joint graph: every AOTAutograd entry was found, DDP's subgraphs with
+    # symbolic sizes too (codegen/ddp_aot.py records their outputs over their inputs).
+    for rank in second.ranks:
         traced = [s.get("aot_trace_joint_graph", 0) for s in rank["step_phases"]]
         assert not any(traced), (traced, second.stderr[-3000:])
     if "--dynamic" in args and "--mark-dynamic" not in args:

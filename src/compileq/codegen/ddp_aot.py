@@ -23,10 +23,21 @@ compileq adds what is absent, only for compileq's store:
   bucket counter on, as the lazy backward compile of a missed one does, so that the buckets
   that did miss compile their backwards with their own metadata.
 
-Only plain subgraphs: static shapes, no effect tokens, tensor subclasses or functionalized
-RNG between the compiled forward and its first call (where the cached and uncached wrapper
-stacks differ). Anything unexpected (another torch's layout, a malformed record) leaves the
-subgraph to stock's path: compiled, never failed.
+Sizes that are symbolic (a length that changes, under DDP: the frame recompiled with dynamic
+sizes) are recorded as expressions over the subgraph's inputs: each symbol as the input (a
+symbolic int) or the dimension of an input tensor it stands for, since another process's
+symbols have other names (``s0`` here, ``s1`` there) but the same key means the same inputs.
+At a lookup they are evaluated on the lookup's own inputs, so the outputs carry that
+process's symbols, as its compile would have made them. An output whose sizes use a symbol
+no input holds (a size known only at run time) is not recorded: that subgraph compiles.
+Rejected: sympy's own printed form and parser for the expressions (its parser evaluates
+Python, and a record is read from Redis); leaving symbolic subgraphs to stock's path (a new
+machine traced 2.3 s of joint graphs in a 6.3 s first step, transformers' Llama on CPU).
+
+Only plain subgraphs: no effect tokens, tensor subclasses or functionalized RNG between the
+compiled forward and its first call (where the cached and uncached wrapper stacks differ).
+Anything unexpected (another torch's layout, a malformed record) leaves the subgraph to
+stock's path: compiled, never failed.
 """
 
 from __future__ import annotations
@@ -34,7 +45,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import operator
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -60,6 +73,10 @@ _HOOKS = (
 )
 
 _thread = threading.local()
+#: For a subgraph that missed (its key): the symbols of its inputs, as ``_symbols`` gives
+#: them, read when its outputs are recorded. At most a frame's subgraphs are pending at once.
+_pending: OrderedDict[str, dict[Any, list[int | str]]] = OrderedDict()
+_PENDING_MAX = 256
 
 
 @dataclass
@@ -175,18 +192,22 @@ def _lookup(original: Callable[..., Any]) -> Callable[..., Any]:
     def lookup(key: str, *args: Any, **kwargs: Any) -> Any:
         found = original(key, *args, **kwargs)
         subgraph = getattr(_thread, "subgraph", None)
-        if subgraph is None or found is None:
+        if subgraph is None:
+            return found
+        # (local, remote, args, cache_info, aot_config) in torch 2.11 and 2.13
+        example = kwargs.get("args", args[2] if len(args) > 2 else ())
+        if found is None:
+            _remember_inputs(key, example)
             return found
         subgraph.key = key
         entry = found[0]
-        # (local, remote, args, cache_info, aot_config) in torch 2.11 and 2.13
-        example = kwargs.get("args", args[2] if len(args) > 2 else ())
         outputs = _outputs(key, example) if _plain(entry) else None
         if outputs is None:
             from torch._functorch._aot_autograd.autograd_cache import FXGraphCacheMiss
 
             # A miss, not a bypass: the subgraph compiles, and its first call's outputs are
             # stored under the key this lookup computed.
+            _remember_inputs(key, example)
             raise FXGraphCacheMiss
         # This entry object is this lookup's own (unpickled just now): torch loads it through
         # these two, in 2.11 and 2.13 alike. Never wrapped twice (a second bucket counter
@@ -316,13 +337,31 @@ def _record_safely(aot_config: Any, fakes: list[Any]) -> None:
         warn_once("ddp-aot", "compileq: DDP subgraph outputs not stored (%s)", e)
 
 
+def _remember_inputs(key: str, example: Any) -> None:
+    """Keep the symbols of a missed subgraph's inputs until its outputs are recorded."""
+    try:
+        symbols = _symbols(example)
+    except Exception as e:  # another torch's layout: symbolic outputs are then not recorded
+        log.debug("compileq: DDP subgraph inputs not read (%s)", e)
+        return
+    with _lock:
+        _pending[key] = symbols
+        while len(_pending) > _PENDING_MAX:
+            _pending.popitem(last=False)
+
+
+_lock = threading.Lock()
+
+
 def _record(aot_config: Any, fakes: list[Any]) -> None:
     """Store the fake outputs under the key the lookup computed (set only after a miss);
     whether an entry is plain enough to load is decided at the lookup (``_plain``)."""
     key = getattr(getattr(aot_config, "cache_info", None), "cache_key", None)
     if not key:
         return
-    described = _describe(fakes)
+    with _lock:
+        symbols = _pending.pop(key, None)
+    described = _describe(fakes, symbols)
     if described is not None and index_free.marked(key):
         # Stored for cuda:0, as the key was computed (see index_free); loaded for any index.
         found = index_free.cuda_indices(fakes)
@@ -352,40 +391,211 @@ def _record_key(aot_key: str) -> str:
 _FIELDS = frozenset({"shape", "stride", "dtype", "device", "requires_grad"})
 
 
-def _describe(fakes: list[Any]) -> list[Any] | None:
-    """JSON for each output: null, an int, or a tensor's shape, strides, dtype, device and
-    requires_grad; None where an output is anything else (a symbolic size, a view at an
-    offset), and then nothing is stored."""
+class _Unrecordable(Exception):
+    """An output the record cannot say (then nothing is stored and the subgraph compiles)."""
+
+
+def _describe(
+    fakes: list[Any], symbols: dict[Any, list[int | str]] | None = None
+) -> list[Any] | None:
+    """JSON for each output: null, an int, a symbolic int (``{"symint": expression}``), or a
+    tensor's shape, strides, dtype, device and requires_grad, each size and stride an int or
+    an expression over the inputs' ``symbols`` (``_symbols``); None where an output is
+    anything else (a size no input holds, a view at an offset), and then nothing is stored."""
+    try:
+        return [_described(fake, symbols or {}) for fake in fakes]
+    except _Unrecordable:
+        return None
+
+
+def _described(fake: Any, symbols: dict[Any, list[int | str]]) -> Any:
     import torch
 
-    described: list[Any] = []
-    for fake in fakes:
-        if fake is None or (isinstance(fake, int) and not isinstance(fake, bool)):
-            described.append(fake)
+    if fake is None or (isinstance(fake, int) and not isinstance(fake, bool)):
+        return fake
+    if isinstance(fake, torch.SymInt):
+        return {"symint": _expression(fake, symbols)}
+    if not isinstance(fake, torch.Tensor):
+        raise _Unrecordable
+    # Compared only once known to be ints: a comparison of a symbolic size adds a guard.
+    offset = fake.storage_offset()
+    if type(offset) is not int or offset != 0:
+        raise _Unrecordable
+    item = {
+        "shape": [_expression(n, symbols) for n in fake.shape],
+        "stride": [_expression(n, symbols) for n in fake.stride()],
+        "dtype": str(fake.dtype).removeprefix("torch."),
+        "device": str(fake.device),
+        "requires_grad": bool(fake.requires_grad),
+    }
+    if getattr(fake, "_is_inductor_static", False):
+        # Inductor marks a GPU graph's static inputs on the example tensors themselves, and
+        # then keys their storage's size: a saved output the backward's compile marked goes
+        # into the next subgraph's key so. Made again without the mark, the next subgraph
+        # missed on every new machine (transformers' rotary tables on an H200: 3 of 4 graph
+        # parts traced again).
+        item["static"] = True
+    return item
+
+
+# -- symbolic sizes -----------------------------------------------------------------------------
+#
+# An expression is an int, or a list: ["in", i] (input i, a symbolic int), ["in", i, d] (the
+# size of input i's dimension d), or [op, operand, ...] with op one of _OPS.
+
+_OPS: dict[str, Callable[..., Any]] = {
+    "+": lambda *xs: functools.reduce(operator.add, xs),
+    "*": lambda *xs: functools.reduce(operator.mul, xs),
+    "//": operator.floordiv,
+    "%": operator.mod,
+    "**": operator.pow,
+    "max": lambda *xs: functools.reduce(_sym_max, xs),
+    "min": lambda *xs: functools.reduce(_sym_min, xs),
+}
+#: How deep an expression read from Redis may nest (a size is a product or a sum of a few),
+#: and the largest power it may raise to (no size is a symbol to the 65th).
+_MAX_DEPTH = 16
+_MAX_POWER = 64
+
+
+def _sym_max(a: Any, b: Any) -> Any:
+    import torch
+
+    return torch.sym_max(a, b)
+
+
+def _sym_min(a: Any, b: Any) -> Any:
+    import torch
+
+    return torch.sym_min(a, b)
+
+
+def _symbols(inputs: Any) -> dict[Any, list[int | str]]:
+    """Each symbol an input is, or an input tensor's dimension is: where to find it again."""
+    import sympy
+    import torch
+
+    found: dict[Any, list[int | str]] = {}
+    for i, value in enumerate(inputs):
+        if isinstance(value, torch.SymInt):
+            places: list[tuple[Any, list[int | str]]] = [(value, ["in", i])]
+        elif isinstance(value, torch.Tensor):
+            places = [(n, ["in", i, d]) for d, n in enumerate(value.shape)]
+        else:
             continue
-        if not isinstance(fake, torch.Tensor):
-            return None
-        sizes, strides = list(fake.shape), list(fake.stride())
-        if not all(type(n) is int for n in (*sizes, *strides)):
-            return None
-        if fake.storage_offset() != 0:
-            return None
-        item = {
-            "shape": sizes,
-            "stride": strides,
-            "dtype": str(fake.dtype).removeprefix("torch."),
-            "device": str(fake.device),
-            "requires_grad": bool(fake.requires_grad),
-        }
-        if getattr(fake, "_is_inductor_static", False):
-            # Inductor marks a GPU graph's static inputs on the example tensors themselves,
-            # and then keys their storage's size: a saved output the backward's compile
-            # marked goes into the next subgraph's key so. Made again without the mark, the
-            # next subgraph missed on every new machine (transformers' rotary tables on an
-            # H200: 3 of 4 graph parts traced again).
-            item["static"] = True
-        described.append(item)
-    return described
+        for n, place in places:
+            if isinstance(n, torch.SymInt) and isinstance(n.node.expr, sympy.Symbol):
+                found.setdefault(n.node.expr, place)
+    return found
+
+
+def _expression(value: Any, symbols: dict[Any, list[int | str]]) -> Any:
+    """``value`` (an int or a symbolic int) as an expression over ``symbols``."""
+    if type(value) is int:
+        return value
+    import torch
+
+    if not isinstance(value, torch.SymInt):
+        raise _Unrecordable
+    return _tree(value.node.expr, symbols)
+
+
+def _tree(expr: Any, symbols: dict[Any, list[int | str]]) -> Any:
+    import sympy
+    from torch.utils._sympy import functions as fn
+
+    if isinstance(expr, sympy.Integer):
+        return int(expr)
+    if isinstance(expr, sympy.Symbol):
+        if expr not in symbols:
+            raise _Unrecordable  # a size known only at run time, or held by no input
+        return symbols[expr]
+    operands = [_tree(a, symbols) for a in expr.args]
+    if isinstance(expr, sympy.Add):
+        return ["+", *operands]
+    if isinstance(expr, sympy.Mul):
+        return ["*", *operands]
+    if isinstance(expr, sympy.Pow) and isinstance(expr.exp, sympy.Integer) and expr.exp >= 0:
+        return ["**", *operands]
+    for kind, op in ((fn.FloorDiv, "//"), ((fn.PythonMod, fn.Mod), "%")):
+        if isinstance(expr, kind):
+            return [op, *operands]
+    if isinstance(expr, fn.Max):
+        return ["max", *operands]
+    if isinstance(expr, fn.Min):
+        return ["min", *operands]
+    raise _Unrecordable
+
+
+def _valid(tree: Any, depth: int = 0) -> bool:
+    """Whether ``tree`` (read from Redis) is an expression ``_tree`` writes."""
+    if type(tree) is int:
+        return True
+    if not isinstance(tree, list) or not tree or depth > _MAX_DEPTH:
+        return False
+    head, rest = tree[0], tree[1:]
+    if head == "in":
+        return len(rest) in (1, 2) and all(type(n) is int and n >= 0 for n in rest)
+    if head not in _OPS:
+        return False
+    arity_ok = len(rest) == 2 if head in ("//", "%", "**") else len(rest) >= 2
+    if head == "**" and arity_ok and not (type(rest[1]) is int and 0 <= rest[1] <= _MAX_POWER):
+        return False
+    return arity_ok and all(_valid(t, depth + 1) for t in rest)
+
+
+def _evaluated(tree: Any, inputs: Any) -> Any:
+    """``tree`` on ``inputs``: an int, or a symbolic int of their shape environment. Raises
+    ``_Unrecordable`` where an input is not what the record says."""
+    import torch
+
+    if type(tree) is int:
+        return tree
+    head, rest = tree[0], tree[1:]
+    if head == "in":
+        if rest[0] >= len(inputs):
+            raise _Unrecordable
+        value = inputs[rest[0]]
+        if len(rest) == 2:
+            if not isinstance(value, torch.Tensor) or rest[1] >= value.dim():
+                raise _Unrecordable
+            value = value.shape[rest[1]]
+        if not isinstance(value, torch.SymInt):
+            raise _Unrecordable  # where a symbol was, this key's inputs have one too
+        return value
+    return _OPS[head](*(_evaluated(t, inputs) for t in rest))
+
+
+def _symbolic(described: list[Any]) -> bool:
+    """Whether a record holds an expression (else it is made as read)."""
+    for item in described:
+        if isinstance(item, dict):
+            sizes = [item["symint"]] if "symint" in item else [*item["shape"], *item["stride"]]
+            if any(type(n) is not int for n in sizes):
+                return True
+    return False
+
+
+def _resolved(described: list[Any], inputs: Any) -> list[Any] | None:
+    """The record with its expressions evaluated on this lookup's ``inputs``; None if they
+    do not fit (then the subgraph compiles)."""
+    if not _symbolic(described):
+        return described
+    try:
+        out: list[Any] = []
+        for item in described:
+            if isinstance(item, dict) and "symint" in item:
+                out.append(_evaluated(item["symint"], inputs))
+            elif isinstance(item, dict):
+                shape = [_evaluated(n, inputs) for n in item["shape"]]
+                stride = [_evaluated(n, inputs) for n in item["stride"]]
+                out.append({**item, "shape": shape, "stride": stride})
+            else:
+                out.append(item)
+        return out
+    except Exception as e:  # a record that does not fit costs a compile, never the job
+        log.debug("compileq: DDP subgraph record does not fit its inputs (%s)", e)
+        return None
 
 
 def _outputs(aot_key: str, example_inputs: Any) -> list[Any] | None:
@@ -405,10 +615,10 @@ def _outputs(aot_key: str, example_inputs: Any) -> list[Any] | None:
     except Exception as e:  # a lost record costs a compile, never the job
         warn_once("ddp-aot-read", "compileq: DDP subgraph outputs unreadable (%s)", e)
         return None
-    if described is None or not index_free.marked(aot_key):
-        return described
-    index = index_free.inputs_index(example_inputs)
-    return None if index is None else _moved(described, 0, index)
+    if described is not None and index_free.marked(aot_key):
+        index = index_free.inputs_index(example_inputs)
+        described = None if index is None else _moved(described, 0, index)
+    return None if described is None else _resolved(described, example_inputs)
 
 
 def _moved(described: list[Any], old: int, new: int) -> list[Any]:
@@ -429,6 +639,10 @@ def _checked(described: Any) -> list[Any] | None:
     for item in described:
         if item is None or (type(item) is int):
             continue
+        if isinstance(item, dict) and set(item) == {"symint"}:
+            if not _valid(item["symint"]):
+                return None
+            continue
         if not isinstance(item, dict) or set(item) - {"static"} != _FIELDS:
             return None
         if item.get("static", True) is not True:
@@ -437,7 +651,8 @@ def _checked(described: Any) -> list[Any] | None:
         if not (isinstance(sizes, list) and isinstance(strides, list)):
             return None
         if len(sizes) != len(strides) or not all(
-            type(n) is int and n >= 0 for n in (*sizes, *strides)
+            (type(n) is int and n >= 0) or (type(n) is list and _valid(n))
+            for n in (*sizes, *strides)
         ):
             return None
         if not isinstance(getattr(torch, str(item["dtype"]), None), torch.dtype):
@@ -454,8 +669,8 @@ def _make(described: list[Any], mode: Any) -> list[Any]:
     made: list[Any] = []
     with mode:
         for item in described:
-            if not isinstance(item, dict):
-                made.append(item)
+            if not isinstance(item, dict) or "symint" in item:
+                made.append(item["symint"] if isinstance(item, dict) else item)
                 continue
             tensor = torch.empty_strided(
                 item["shape"],
