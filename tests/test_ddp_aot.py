@@ -210,7 +210,14 @@ def test_a_symbolic_output_is_recorded_over_the_inputs_and_made_again_with_anoth
     length = first[2]
     with mode:
         hidden = (first[1] @ first[0]).repeat(2, 1).t()  # (4, 2 * length), strides (1, 4)
-        outputs = [hidden, length * 3 - 1, None, 7, torch.empty(4, 8)]
+        outputs = [
+            hidden,
+            length * 3 - 1,
+            None,
+            7,
+            torch.empty(4, 8),
+            torch.sym_max(length // 2, 5),
+        ]
     described = ddp_aot._describe(outputs, ddp_aot._symbols(first))
     assert described is not None
     record = ddp_aot._checked(json.loads(json.dumps(described)))
@@ -227,6 +234,7 @@ def test_a_symbolic_output_is_recorded_over_the_inputs_and_made_again_with_anoth
     assert made[0].stride() == hidden.stride() and made[0].dtype == hidden.dtype
     assert str(made[1].node.expr) == f"3*{other_length} - 1"
     assert made[2:4] == [None, 7] and made[4].shape == (4, 8)
+    assert made[5].node.expr == torch.sym_max(other[2] // 2, 5).node.expr  # Max, FloorDiv
 
     # Inputs that do not fit the record (the length static here) make no outputs: the
     # subgraph compiles. A size held by no input is not recorded at all.

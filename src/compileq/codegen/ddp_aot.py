@@ -517,14 +517,20 @@ def _tree(expr: Any, symbols: dict[Any, list[int | str]]) -> Any:
         return ["*", *operands]
     if isinstance(expr, sympy.Pow) and isinstance(expr.exp, sympy.Integer) and expr.exp >= 0:
         return ["**", *operands]
-    for kind, op in ((fn.FloorDiv, "//"), ((fn.PythonMod, fn.Mod), "%")):
-        if isinstance(expr, kind):
+    for names, op in _FUNCTIONS:
+        kinds = tuple(k for k in (getattr(fn, n, None) for n in names) if isinstance(k, type))
+        if kinds and isinstance(expr, kinds):
             return [op, *operands]
-    if isinstance(expr, fn.Max):
-        return ["max", *operands]
-    if isinstance(expr, fn.Min):
-        return ["min", *operands]
     raise _Unrecordable
+
+
+#: torch's sympy functions a size may hold (by name: each torch has its own set), and their ops.
+_FUNCTIONS = (
+    (("FloorDiv",), "//"),
+    (("PythonMod", "Mod"), "%"),
+    (("Max",), "max"),
+    (("Min",), "min"),
+)
 
 
 def _valid(tree: Any, depth: int = 0) -> bool:
