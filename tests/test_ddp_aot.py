@@ -21,7 +21,7 @@ import redis
 
 from compileq import keys
 from compileq.cache.store import RedisStore
-from compileq.codegen import ddp_aot
+from compileq.codegen import ddp_aot, symbolic_sizes
 from compileq.config import Settings
 from tests.conftest import Env, RedisServer, Worker, restore_cache, stats
 from tests.scripts import LLAMA, ColdJob, cold_job, fx_builds, overlapping, run_script
@@ -218,7 +218,7 @@ def test_a_symbolic_output_is_recorded_over_the_inputs_and_made_again_with_anoth
             torch.empty(4, 8),
             torch.sym_max(length // 2, 5),
         ]
-    described = ddp_aot._describe(outputs, ddp_aot._symbols(first))
+    described = ddp_aot._describe(outputs, symbolic_sizes.symbols_of(first))
     assert described is not None
     record = ddp_aot._checked(json.loads(json.dumps(described)))
     assert record == described
@@ -242,7 +242,7 @@ def test_a_symbolic_output_is_recorded_over_the_inputs_and_made_again_with_anoth
     assert ddp_aot._resolved(record, static) is None
     with mode:
         unknown = torch.empty(mode.shape_env.create_unbacked_symint())
-    assert ddp_aot._describe([unknown], ddp_aot._symbols(first)) is None
+    assert ddp_aot._describe([unknown], symbolic_sizes.symbols_of(first)) is None
     assert ddp_aot._describe([hidden]) is None  # no inputs known: symbolic sizes unsaid
     # Expressions read from Redis are checked as the rest: an unknown operation, a reference
     # that is not one, or nesting past the limit make the record unread.

@@ -24,15 +24,14 @@ compileq adds what is absent, only for compileq's store:
   that did miss compile their backwards with their own metadata.
 
 Sizes that are symbolic (a length that changes, under DDP: the frame recompiled with dynamic
-sizes) are recorded as expressions over the subgraph's inputs: each symbol as the input (a
-symbolic int) or the dimension of an input tensor it stands for, since another process's
-symbols have other names (``s0`` here, ``s1`` there) but the same key means the same inputs.
-At a lookup they are evaluated on the lookup's own inputs, so the outputs carry that
-process's symbols, as its compile would have made them. An output whose sizes use a symbol
-no input holds (a size known only at run time) is not recorded: that subgraph compiles.
-Rejected: sympy's own printed form and parser for the expressions (its parser evaluates
-Python, and a record is read from Redis); leaving symbolic subgraphs to stock's path (a new
-machine traced 2.3 s of joint graphs in a 6.3 s first step, transformers' Llama on CPU).
+sizes) are recorded as expressions over the subgraph's inputs (``symbolic_sizes``), since
+another process's symbols have other names (``s0`` here, ``s1`` there) but the same key means
+the same inputs. At a lookup they are evaluated on the lookup's own inputs, so the outputs
+carry that process's symbols, as its compile would have made them; a record that does not fit
+them is a miss. An output whose sizes use a symbol no input holds (a size known only at run
+time) is not recorded: that subgraph compiles. Rejected: leaving symbolic subgraphs to stock's
+path (a new machine traced 2.3 s of joint graphs in a 6.3 s first step, transformers' Llama
+on CPU).
 
 Only plain subgraphs: no effect tokens, tensor subclasses or functionalized RNG between the
 compiled forward and its first call (where the cached and uncached wrapper stacks differ).
@@ -45,7 +44,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -56,6 +54,14 @@ from compileq import keys
 from compileq._log import log, warn_once
 from compileq.cache.counters import Counter
 from compileq.codegen import deferred
+from compileq.codegen.symbolic_sizes import (
+    Place,
+    Unsaid,
+    evaluated,
+    expression,
+    symbols_of,
+    valid,
+)
 from compileq.hooks.feature import Context, Feature
 from compileq.inductor import index_free
 
@@ -75,8 +81,9 @@ _HOOKS = (
 _thread = threading.local()
 #: For a subgraph that missed (its key): the symbols of its inputs, as ``_symbols`` gives
 #: them, read when its outputs are recorded. At most a frame's subgraphs are pending at once.
-_pending: OrderedDict[str, dict[Any, list[int | str]]] = OrderedDict()
+_pending: OrderedDict[str, dict[Any, Place]] = OrderedDict()
 _PENDING_MAX = 256
+_lock = threading.Lock()
 
 
 @dataclass
@@ -340,7 +347,7 @@ def _record_safely(aot_config: Any, fakes: list[Any]) -> None:
 def _remember_inputs(key: str, example: Any) -> None:
     """Keep the symbols of a missed subgraph's inputs until its outputs are recorded."""
     try:
-        symbols = _symbols(example)
+        symbols = symbols_of(example)
     except Exception as e:  # another torch's layout: symbolic outputs are then not recorded
         log.debug("compileq: DDP subgraph inputs not read (%s)", e)
         return
@@ -348,9 +355,6 @@ def _remember_inputs(key: str, example: Any) -> None:
         _pending[key] = symbols
         while len(_pending) > _PENDING_MAX:
             _pending.popitem(last=False)
-
-
-_lock = threading.Lock()
 
 
 def _record(aot_config: Any, fakes: list[Any]) -> None:
@@ -391,39 +395,33 @@ def _record_key(aot_key: str) -> str:
 _FIELDS = frozenset({"shape", "stride", "dtype", "device", "requires_grad"})
 
 
-class _Unrecordable(Exception):
-    """An output the record cannot say (then nothing is stored and the subgraph compiles)."""
-
-
-def _describe(
-    fakes: list[Any], symbols: dict[Any, list[int | str]] | None = None
-) -> list[Any] | None:
+def _describe(fakes: list[Any], symbols: dict[Any, Place] | None = None) -> list[Any] | None:
     """JSON for each output: null, an int, a symbolic int (``{"symint": expression}``), or a
     tensor's shape, strides, dtype, device and requires_grad, each size and stride an int or
     an expression over the inputs' ``symbols`` (``_symbols``); None where an output is
     anything else (a size no input holds, a view at an offset), and then nothing is stored."""
     try:
         return [_described(fake, symbols or {}) for fake in fakes]
-    except _Unrecordable:
+    except Unsaid:
         return None
 
 
-def _described(fake: Any, symbols: dict[Any, list[int | str]]) -> Any:
+def _described(fake: Any, symbols: dict[Any, Place]) -> Any:
     import torch
 
     if fake is None or (isinstance(fake, int) and not isinstance(fake, bool)):
         return fake
     if isinstance(fake, torch.SymInt):
-        return {"symint": _expression(fake, symbols)}
+        return {"symint": expression(fake, symbols)}
     if not isinstance(fake, torch.Tensor):
-        raise _Unrecordable
+        raise Unsaid
     # Compared only once known to be ints: a comparison of a symbolic size adds a guard.
     offset = fake.storage_offset()
     if type(offset) is not int or offset != 0:
-        raise _Unrecordable
+        raise Unsaid
     item = {
-        "shape": [_expression(n, symbols) for n in fake.shape],
-        "stride": [_expression(n, symbols) for n in fake.stride()],
+        "shape": [expression(n, symbols) for n in fake.shape],
+        "stride": [expression(n, symbols) for n in fake.stride()],
         "dtype": str(fake.dtype).removeprefix("torch."),
         "device": str(fake.device),
         "requires_grad": bool(fake.requires_grad),
@@ -436,140 +434,6 @@ def _described(fake: Any, symbols: dict[Any, list[int | str]]) -> Any:
         # parts traced again).
         item["static"] = True
     return item
-
-
-# -- symbolic sizes -----------------------------------------------------------------------------
-#
-# An expression is an int, or a list: ["in", i] (input i, a symbolic int), ["in", i, d] (the
-# size of input i's dimension d), or [op, operand, ...] with op one of _OPS.
-
-_OPS: dict[str, Callable[..., Any]] = {
-    "+": lambda *xs: functools.reduce(operator.add, xs),
-    "*": lambda *xs: functools.reduce(operator.mul, xs),
-    "//": operator.floordiv,
-    "%": operator.mod,
-    "**": operator.pow,
-    "max": lambda *xs: functools.reduce(_sym_max, xs),
-    "min": lambda *xs: functools.reduce(_sym_min, xs),
-}
-#: How deep an expression read from Redis may nest (a size is a product or a sum of a few),
-#: and the largest power it may raise to (no size is a symbol to the 65th).
-_MAX_DEPTH = 16
-_MAX_POWER = 64
-
-
-def _sym_max(a: Any, b: Any) -> Any:
-    import torch
-
-    return torch.sym_max(a, b)
-
-
-def _sym_min(a: Any, b: Any) -> Any:
-    import torch
-
-    return torch.sym_min(a, b)
-
-
-def _symbols(inputs: Any) -> dict[Any, list[int | str]]:
-    """Each symbol an input is, or an input tensor's dimension is: where to find it again."""
-    import sympy
-    import torch
-
-    found: dict[Any, list[int | str]] = {}
-    for i, value in enumerate(inputs):
-        if isinstance(value, torch.SymInt):
-            places: list[tuple[Any, list[int | str]]] = [(value, ["in", i])]
-        elif isinstance(value, torch.Tensor):
-            places = [(n, ["in", i, d]) for d, n in enumerate(value.shape)]
-        else:
-            continue
-        for n, place in places:
-            if isinstance(n, torch.SymInt) and isinstance(n.node.expr, sympy.Symbol):
-                found.setdefault(n.node.expr, place)
-    return found
-
-
-def _expression(value: Any, symbols: dict[Any, list[int | str]]) -> Any:
-    """``value`` (an int or a symbolic int) as an expression over ``symbols``."""
-    if type(value) is int:
-        return value
-    import torch
-
-    if not isinstance(value, torch.SymInt):
-        raise _Unrecordable
-    return _tree(value.node.expr, symbols)
-
-
-def _tree(expr: Any, symbols: dict[Any, list[int | str]]) -> Any:
-    import sympy
-    from torch.utils._sympy import functions as fn
-
-    if isinstance(expr, sympy.Integer):
-        return int(expr)
-    if isinstance(expr, sympy.Symbol):
-        if expr not in symbols:
-            raise _Unrecordable  # a size known only at run time, or held by no input
-        return symbols[expr]
-    operands = [_tree(a, symbols) for a in expr.args]
-    if isinstance(expr, sympy.Add):
-        return ["+", *operands]
-    if isinstance(expr, sympy.Mul):
-        return ["*", *operands]
-    if isinstance(expr, sympy.Pow) and isinstance(expr.exp, sympy.Integer) and expr.exp >= 0:
-        return ["**", *operands]
-    for names, op in _FUNCTIONS:
-        kinds = tuple(k for k in (getattr(fn, n, None) for n in names) if isinstance(k, type))
-        if kinds and isinstance(expr, kinds):
-            return [op, *operands]
-    raise _Unrecordable
-
-
-#: torch's sympy functions a size may hold (by name: each torch has its own set), and their ops.
-_FUNCTIONS = (
-    (("FloorDiv",), "//"),
-    (("PythonMod", "Mod"), "%"),
-    (("Max",), "max"),
-    (("Min",), "min"),
-)
-
-
-def _valid(tree: Any, depth: int = 0) -> bool:
-    """Whether ``tree`` (read from Redis) is an expression ``_tree`` writes."""
-    if type(tree) is int:
-        return True
-    if not isinstance(tree, list) or not tree or depth > _MAX_DEPTH:
-        return False
-    head, rest = tree[0], tree[1:]
-    if head == "in":
-        return len(rest) in (1, 2) and all(type(n) is int and n >= 0 for n in rest)
-    if head not in _OPS:
-        return False
-    arity_ok = len(rest) == 2 if head in ("//", "%", "**") else len(rest) >= 2
-    if head == "**" and arity_ok and not (type(rest[1]) is int and 0 <= rest[1] <= _MAX_POWER):
-        return False
-    return arity_ok and all(_valid(t, depth + 1) for t in rest)
-
-
-def _evaluated(tree: Any, inputs: Any) -> Any:
-    """``tree`` on ``inputs``: an int, or a symbolic int of their shape environment. Raises
-    ``_Unrecordable`` where an input is not what the record says."""
-    import torch
-
-    if type(tree) is int:
-        return tree
-    head, rest = tree[0], tree[1:]
-    if head == "in":
-        if rest[0] >= len(inputs):
-            raise _Unrecordable
-        value = inputs[rest[0]]
-        if len(rest) == 2:
-            if not isinstance(value, torch.Tensor) or rest[1] >= value.dim():
-                raise _Unrecordable
-            value = value.shape[rest[1]]
-        if not isinstance(value, torch.SymInt):
-            raise _Unrecordable  # where a symbol was, this key's inputs have one too
-        return value
-    return _OPS[head](*(_evaluated(t, inputs) for t in rest))
 
 
 def _symbolic(described: list[Any]) -> bool:
@@ -591,10 +455,10 @@ def _resolved(described: list[Any], inputs: Any) -> list[Any] | None:
         out: list[Any] = []
         for item in described:
             if isinstance(item, dict) and "symint" in item:
-                out.append(_evaluated(item["symint"], inputs))
+                out.append(evaluated(item["symint"], inputs))
             elif isinstance(item, dict):
-                shape = [_evaluated(n, inputs) for n in item["shape"]]
-                stride = [_evaluated(n, inputs) for n in item["stride"]]
+                shape = [evaluated(n, inputs) for n in item["shape"]]
+                stride = [evaluated(n, inputs) for n in item["stride"]]
                 out.append({**item, "shape": shape, "stride": stride})
             else:
                 out.append(item)
@@ -646,7 +510,7 @@ def _checked(described: Any) -> list[Any] | None:
         if item is None or (type(item) is int):
             continue
         if isinstance(item, dict) and set(item) == {"symint"}:
-            if not _valid(item["symint"]):
+            if not valid(item["symint"]):
                 return None
             continue
         if not isinstance(item, dict) or set(item) - {"static"} != _FIELDS:
@@ -657,7 +521,7 @@ def _checked(described: Any) -> list[Any] | None:
         if not (isinstance(sizes, list) and isinstance(strides, list)):
             return None
         if len(sizes) != len(strides) or not all(
-            (type(n) is int and n >= 0) or (type(n) is list and _valid(n))
+            (type(n) is int and n >= 0) or (type(n) is list and valid(n))
             for n in (*sizes, *strides)
         ):
             return None
