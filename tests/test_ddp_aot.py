@@ -223,6 +223,10 @@ def test_a_symbolic_output_is_recorded_over_the_inputs_and_made_again_with_anoth
     record = ddp_aot._checked(json.loads(json.dumps(described)))
     assert record == described
 
+    # Under a key for every GPU index (index_free), the record is moved between indices: a
+    # symbolic int, which has no device, stays as it is.
+    assert ddp_aot._moved(record, 0, 1) == record
+
     other_mode, other = inputs(3)  # a new machine: its length is another symbol
     made = ddp_aot._make(cast(list[Any], ddp_aot._resolved(record, other)), other_mode)
     other_length = other[2].node.expr

@@ -495,7 +495,9 @@ def _moved(described: list[Any], old: int, new: int) -> list[Any]:
     """The record with its outputs on ``cuda:old`` put on ``cuda:new``."""
     before, after = f"cuda:{old}", f"cuda:{new}"
     return [
-        {**item, "device": after} if isinstance(item, dict) and item["device"] == before else item
+        {**item, "device": after}
+        if isinstance(item, dict) and item.get("device") == before  # a symbolic int has none
+        else item
         for item in described
     ]
 
