@@ -398,8 +398,9 @@ _FIELDS = frozenset({"shape", "stride", "dtype", "device", "requires_grad"})
 def _describe(fakes: list[Any], symbols: dict[Any, Place] | None = None) -> list[Any] | None:
     """JSON for each output: null, an int, a symbolic int (``{"symint": expression}``), or a
     tensor's shape, strides, dtype, device and requires_grad, each size and stride an int or
-    an expression over the inputs' ``symbols`` (``_symbols``); None where an output is
-    anything else (a size no input holds, a view at an offset), and then nothing is stored."""
+    an expression over the inputs' ``symbols`` (``symbolic_sizes.symbols_of``); None where an
+    output is anything else (a size no input holds, a view at an offset), and then nothing is
+    stored."""
     try:
         return [_described(fake, symbols or {}) for fake in fakes]
     except Unsaid:
