@@ -78,6 +78,7 @@ CONFIGS: dict[str, tuple[int, tuple[str, ...]]] = {
     "max-autotune-no-cg": (0, ("--device", "cuda:0", "--mode", "max-autotune-no-cudagraphs")),
     # The CPU's cells (a machine without a GPU: the harness's own test, and the CPU path).
     "cpu": (0, ("--device", "cpu")),
+    "cpu-fsdp2": (2, ("--device", "cpu", "--fsdp")),
     "cpu-fsdp2-block": (2, ("--device", "cpu", "--fsdp", "--compile-blocks")),
     "cpu-dynamic": (0, ("--device", "cpu", "--dynamic")),
     "cpu-regions": (0, ("--device", "cpu", "--float32-rotary", "--sdpa-backend", "MATH")),
