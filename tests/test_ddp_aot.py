@@ -183,12 +183,10 @@ def test_a_recorded_output_made_again_keeps_inductors_static_mark_and_so_the_nex
     assert ddp_aot._checked([{**described[0], "static": 1}]) is None
 
 
-def test_a_symbolic_output_is_recorded_over_the_inputs_and_made_again_with_another_processes_symbols() -> (
-    None
-):
-    # Under DDP with a length that changes, the frame's subgraphs have symbolic sizes: their
-    # outputs are recorded as expressions over the inputs, and made again on a new machine's
-    # inputs, whose symbols have other names (another process numbers them its own way).
+def symbolic_inputs(skip: int) -> tuple[Any, list[Any]]:
+    """A subgraph's fake inputs in a shape environment of their own: a weight (static), tokens
+    whose length is symbolic, and that length. ``skip``: how many other sizes this process
+    made symbolic first, so its length's symbol has another name."""
     import torch
     from torch.fx.experimental.symbolic_shapes import (
         DimDynamic,
@@ -196,16 +194,25 @@ def test_a_symbolic_output_is_recorded_over_the_inputs_and_made_again_with_anoth
         StatelessSymbolicContext,
     )
 
-    def inputs(skip: int) -> tuple[Any, list[Any]]:
-        mode = torch._subclasses.fake_tensor.FakeTensorMode(shape_env=ShapeEnv())
-        dynamic = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC])
-        for n in range(skip):  # sizes this process made symbolic first: its length's is another
-            mode.from_tensor(torch.empty(100 + n, 1), symbolic_context=dynamic)
-        tokens = mode.from_tensor(torch.empty(6, 8), symbolic_context=dynamic)
-        static = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.STATIC] * 2)
-        weight = mode.from_tensor(torch.empty(8, 4), symbolic_context=static)
-        return mode, [weight, tokens, tokens.shape[0]]
+    mode = torch._subclasses.fake_tensor.FakeTensorMode(shape_env=ShapeEnv())
+    dynamic = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC])
+    for n in range(skip):
+        mode.from_tensor(torch.empty(100 + n, 1), symbolic_context=dynamic)
+    tokens = mode.from_tensor(torch.empty(6, 8), symbolic_context=dynamic)
+    static = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.STATIC] * 2)
+    weight = mode.from_tensor(torch.empty(8, 4), symbolic_context=static)
+    return mode, [weight, tokens, tokens.shape[0]]
 
+
+def test_a_symbolic_output_is_recorded_over_the_inputs_and_made_again_with_another_processes_symbols() -> (
+    None
+):
+    # Under DDP with a length that changes, the frame's subgraphs have symbolic sizes: their
+    # outputs are recorded as expressions over the inputs, and made again on a new machine's
+    # inputs, whose symbols have other names (another process numbers them its own way).
+    import torch
+
+    inputs = symbolic_inputs
     mode, first = inputs(0)
     length = first[2]
     with mode:
@@ -263,3 +270,35 @@ def test_a_symbolic_output_is_recorded_over_the_inputs_and_made_again_with_anoth
     for _ in range(40):
         deep = ["+", deep, 1]
     assert ddp_aot._checked([{"symint": deep}]) is None
+
+
+def test_a_signed_record_that_is_malformed_or_does_not_fit_costs_one_compile_and_is_replaced(
+    clean_cache: redis.Redis, settings: Settings
+) -> None:
+    # Sealed with the cluster's secret, so it verifies, but unusable: a first-writer put by the
+    # compile that follows would keep it, and every machine would miss the subgraph for as
+    # long as it lives. The compile's own record replaces it.
+    from types import SimpleNamespace
+
+    from compileq.cache.counters import read_counters, reset_counters
+
+    store = RedisStore(clean_cache, settings)
+    reset_counters(clean_cache)
+    ddp_aot.enable(store)
+    try:
+        for n, bad in enumerate(([{"symint": ["in", 9]}], [{"shape": "x"}], {"not": "a list"})):
+            key = f"asubgraph{n}"
+            name = ddp_aot._record_key(key)
+            mode, inputs = symbolic_inputs(0)
+            assert store.put(name, json.dumps(bad).encode())
+            assert ddp_aot._outputs(key, inputs) is None  # a miss: the subgraph compiles
+            ddp_aot._remember_inputs(key, inputs)
+            with mode:
+                out = inputs[1].repeat(2, 1)
+            ddp_aot._record(SimpleNamespace(cache_info=SimpleNamespace(cache_key=key)), [out])
+            _, other = symbolic_inputs(2)
+            [made] = cast(list[Any], ddp_aot._outputs(key, other))
+            assert str(made["shape"][0].node.expr) == f"2*{other[2].node.expr}", made
+    finally:
+        ddp_aot.disable()
+    assert read_counters(clean_cache)["ddp_subgraph_records"] == 3

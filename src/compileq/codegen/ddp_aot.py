@@ -83,6 +83,10 @@ _thread = threading.local()
 #: them, read when its outputs are recorded. At most a frame's subgraphs are pending at once.
 _pending: OrderedDict[str, dict[Any, Place]] = OrderedDict()
 _PENDING_MAX = 256
+#: Records read here, signed by the cluster, that could not be used (malformed, or not fitting
+#: their subgraph's inputs): the compile that follows replaces each, where a first-writer put
+#: would keep it and every machine would miss that subgraph for as long as it lives.
+_unfit: set[str] = set()
 _lock = threading.Lock()
 
 
@@ -374,10 +378,17 @@ def _record(aot_config: Any, fakes: list[Any]) -> None:
         if found:
             described = _moved(described, found.pop() or 0, 0)
     store = FEATURE.store
-    if store is None:
+    if store is None or described is None:
         return
-    if described is not None and store.put(_record_key(key), json.dumps(described).encode()):
-        _count(Counter.DDP_SUBGRAPH_RECORDS)
+    name, payload = _record_key(key), json.dumps(described).encode()
+    with _lock:
+        unfit = name in _unfit
+        _unfit.discard(name)
+    if unfit:
+        store.replace(name, payload)
+    elif not store.put(name, payload):
+        return
+    _count(Counter.DDP_SUBGRAPH_RECORDS)
 
 
 def _count(counter: Counter) -> None:
@@ -475,21 +486,32 @@ def _outputs(aot_key: str, example_inputs: Any) -> list[Any] | None:
     store = FEATURE.store
     if store is None:
         return None
+    name = _record_key(aot_key)
     try:
-        entry = store.get_many([_record_key(aot_key)])[0]
-        if entry is None:
-            return None
-        payload = entry.payload()
-        if len(payload) > _MAX_RECORD:
-            return None
-        described = _checked(json.loads(payload))
+        entry = store.get_many([name])[0]
     except Exception as e:  # a lost record costs a compile, never the job
         warn_once("ddp-aot-read", "compileq: DDP subgraph outputs unreadable (%s)", e)
         return None
+    if entry is None:
+        return None
+    try:
+        payload = entry.payload()
+        described = _checked(json.loads(payload)) if len(payload) <= _MAX_RECORD else None
+    except Exception as e:  # read, but not a record: replaced by the compile that follows
+        warn_once("ddp-aot-read", "compileq: DDP subgraph outputs unreadable (%s)", e)
+        described = None
     if described is not None and index_free.marked(aot_key):
         index = index_free.inputs_index(example_inputs)
-        described = None if index is None else _moved(described, 0, index)
-    return None if described is None else _resolved(described, example_inputs)
+        if index is None:
+            return None  # inputs on no one GPU: the record is not at fault
+        described = _moved(described, 0, index)
+    outputs = None if described is None else _resolved(described, example_inputs)
+    if outputs is None:
+        with _lock:
+            if len(_unfit) >= _PENDING_MAX:
+                _unfit.clear()
+            _unfit.add(name)
+    return outputs
 
 
 def _moved(described: list[Any], old: int, new: int) -> list[Any]:
