@@ -11,11 +11,12 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 import redis
@@ -496,3 +497,23 @@ def stats(env: Env, tmp: Path) -> dict[str, Any]:
 
 def manifest_rows(path: Path) -> list[dict[str, str]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class StampedLines:
+    """A pipe's lines, each with the wall-clock time it arrived (read on a thread of its own)."""
+
+    def __init__(self, pipe: IO[str]) -> None:
+        self.lines: list[tuple[float, str]] = []
+        self._thread = threading.Thread(target=self._read, args=(pipe,), daemon=True)
+        self._thread.start()
+
+    def _read(self, pipe: IO[str]) -> None:
+        for line in pipe:
+            self.lines.append((time.time(), line))
+
+    def text(self, timeout: float = 30) -> str:
+        self._thread.join(timeout)
+        return "".join(line for _, line in self.lines)
+
+    def first(self, needle: str) -> float | None:
+        return next((t for t, line in self.lines if needle in line), None)

@@ -22,6 +22,7 @@ from tests.conftest import (
     SECRET,
     Env,
     RedisServer,
+    StampedLines,
     compileq_cmd,
     manifest_rows,
     start_worker,
@@ -230,6 +231,52 @@ def test_redis_restarted_mid_run_loses_nothing(
         )
     finally:
         stop_worker(worker)
+        localstack.stop(server.process)
+
+
+def test_a_warm_whose_builds_end_while_redis_is_away_waits_for_it_and_stores_them(
+    env: Env, tmp_path: Path
+) -> None:
+    """A warm's builds done here in an outage are kept for when Redis answers; a warm whose
+    last build ended first left with them, its whole point lost (the Sentinel mid-warm test
+    failed so once: 16 local builds done 4 s after the kill, before the probe found the new
+    master). It now waits, at most COMPILEQ_RETRY_AFTER_S, and stores them."""
+    server = localstack.start_redis(tmp_path / "redis")
+    renv = Env(server.url(), env.home)
+    row = json.loads(MLP.read_text().splitlines()[0])
+    row["source"] += f"\n# {tmp_path.name}\n"  # built by nobody before
+    one = tmp_path / "one.jsonl"
+    one.write_text(json.dumps(row) + "\n")
+    localstack.stop(server.process)  # away from the start: the kernel is built here
+    client = subprocess.Popen(
+        compileq_cmd("warm", str(one), "--json"),
+        env=renv.vars(
+            TRITON_CACHE_DIR=str(tmp_path / "client-triton"),
+            TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "client-inductor"),
+            COMPILEQ_RETRY_AFTER_S="120",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert client.stderr is not None
+    err = StampedLines(client.stderr)
+    try:
+        wait_for(lambda: err.first("waiting up to") is not None, 120, "the warm's wait", err.text)
+        assert client.poll() is None
+        server = localstack.start_redis(tmp_path / "redis", port=server.port)
+        out, _ = client.communicate(timeout=180)
+    finally:
+        if client.poll() is None:
+            client.kill()
+    assert client.returncode == 0, err.text()[-3000:]
+    report = json.loads(out.strip().splitlines()[-1])
+    assert (report["local"], report["failed"]) == (1, 0), report
+    text = err.text()
+    assert "answers again" in text and "not stored" not in text, text
+    try:
+        assert all_kernels_sound(renv.redis_url, one)
+    finally:
         localstack.stop(server.process)
 
 

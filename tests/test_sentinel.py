@@ -21,12 +21,11 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pytest
 import redis
@@ -46,6 +45,7 @@ from tests.conftest import (
     FIXTURES,
     SECRET,
     Env,
+    StampedLines,
     Worker,
     compileq_cmd,
     manifest_rows,
@@ -485,26 +485,6 @@ def test_the_primary_killed_mid_warm_fails_over_and_every_kernel_ends_stored_onc
         f"{second['local']} local; every entry verifies",
         n - first["hits"] - first["remote"] - first["local"] + first["failed"] + second["failed"],
     )
-
-
-class StampedLines:
-    """A pipe's lines, each with the wall-clock time it arrived (read on a thread of its own)."""
-
-    def __init__(self, pipe: IO[str]) -> None:
-        self.lines: list[tuple[float, str]] = []
-        self._thread = threading.Thread(target=self._read, args=(pipe,), daemon=True)
-        self._thread.start()
-
-    def _read(self, pipe: IO[str]) -> None:
-        for line in pipe:
-            self.lines.append((time.time(), line))
-
-    def text(self, timeout: float = 30) -> str:
-        self._thread.join(timeout)
-        return "".join(line for _, line in self.lines)
-
-    def first(self, needle: str) -> float | None:
-        return next((t for t, line in self.lines if needle in line), None)
 
 
 def census(ha: HA, db: redis.Redis) -> int:

@@ -461,6 +461,28 @@ class KernelClient:
                 break
         return stored
 
+    def store_backlog_within(self, timeout_s: float) -> int:
+        """Wait, at most ``timeout_s``, for Redis to answer again and take what this process
+        built while it was away; how many builds are still kept here only. For ``compileq
+        warm``, whose builds are its whole point: its last builds done locally in a failover
+        would otherwise leave with the process, if it ends before the probe finds the new
+        master (a training job does not wait so on its way out; its backlog is a cache)."""
+        deadline = time.monotonic() + timeout_s
+        if len(self._backlog):
+            log.warning(
+                "compileq: waiting up to %.0f s for Redis to store %d kernels built here while "
+                "it was away",
+                timeout_s,
+                len(self._backlog),
+            )
+        # Probed as a Sentinel client probes in a failover, plain Redis too: this process has
+        # nothing left to do but wait, so no dispatch would find Redis answering again.
+        prober = self._reconnector or Reconnector(self._redis, self._redis_back, self._closed)
+        while len(self._backlog) and time.monotonic() < deadline and not self._closed.is_set():
+            prober.start(deadline)  # the probe stores the backlog once the master answers
+            self._closed.wait(0.1)
+        return len(self._backlog)
+
     def _redis_back(self, master: str, outage_s: float) -> None:
         """The Reconnector found the master answering: use Redis again from now on."""
         self._down_until = 0.0

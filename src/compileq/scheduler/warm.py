@@ -99,6 +99,14 @@ def warm(jobs: list[TritonJob], settings: Settings) -> WarmReport:
     try:
         futures = client.submit_many([(job, {}) for job in jobs])
         wait(futures)
+        # Built here while Redis was away: stored once it answers, if within retry_after_s.
+        if left := client.store_backlog_within(settings.retry_after_s):
+            log.warning(
+                "compileq warm: %d kernels built here while Redis was away are not stored "
+                "(it did not answer within %.0f s)",
+                left,
+                settings.retry_after_s,
+            )
     finally:
         client.close()
         progress.finish()  # the summary and a cleared live line before the report is printed
