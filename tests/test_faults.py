@@ -81,19 +81,34 @@ def wait_for(
         time.sleep(0.02)
 
 
-def warm_async(env: Env, tmp: Path, manifest: Path = MLP) -> subprocess.Popen[str]:
+def warm_async(
+    env: Env, tmp: Path, manifest: Path = MLP, **overrides: str
+) -> subprocess.Popen[str]:
+    """``compileq warm MANIFEST --json`` on ``tmp``'s local dirs; ``overrides``: settings."""
     return subprocess.Popen(
         compileq_cmd("warm", str(manifest), "--json"),
         env=env.vars(
-            TRITON_CACHE_DIR=str(tmp / "client-triton"),
-            TORCHINDUCTOR_CACHE_DIR=str(tmp / "client-inductor"),
-            COMPILEQ_DEADLINE_S="30",
-            COMPILEQ_RETRY_AFTER_S="2",
+            **{
+                "TRITON_CACHE_DIR": str(tmp / "client-triton"),
+                "TORCHINDUCTOR_CACHE_DIR": str(tmp / "client-inductor"),
+                "COMPILEQ_DEADLINE_S": "30",
+                "COMPILEQ_RETRY_AFTER_S": "2",
+                **overrides,
+            }
         ),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def one_new_kernel(tmp: Path) -> Path:
+    """A manifest of one kernel of MLP's, its source made one nobody built before."""
+    row = json.loads(MLP.read_text().splitlines()[0])
+    row["source"] += f"\n# {tmp.name}\n"
+    one = tmp / "one.jsonl"
+    one.write_text(json.dumps(row) + "\n")
+    return one
 
 
 def all_kernels_sound(url: str, manifest: Path) -> bool:
@@ -243,22 +258,9 @@ def test_a_warm_whose_builds_end_while_redis_is_away_waits_for_it_and_stores_the
     master). It now waits, at most COMPILEQ_RETRY_AFTER_S, and stores them."""
     server = localstack.start_redis(tmp_path / "redis")
     renv = Env(server.url(), env.home)
-    row = json.loads(MLP.read_text().splitlines()[0])
-    row["source"] += f"\n# {tmp_path.name}\n"  # built by nobody before
-    one = tmp_path / "one.jsonl"
-    one.write_text(json.dumps(row) + "\n")
+    one = one_new_kernel(tmp_path)
     localstack.stop(server.process)  # away from the start: the kernel is built here
-    client = subprocess.Popen(
-        compileq_cmd("warm", str(one), "--json"),
-        env=renv.vars(
-            TRITON_CACHE_DIR=str(tmp_path / "client-triton"),
-            TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "client-inductor"),
-            COMPILEQ_RETRY_AFTER_S="120",
-        ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    client = warm_async(renv, tmp_path, one, COMPILEQ_RETRY_AFTER_S="120")
     assert client.stderr is not None
     err = StampedLines(client.stderr)
     try:
@@ -290,10 +292,7 @@ def test_a_worker_holding_a_build_when_redis_dies_under_its_pop_reconnects_in_th
     server = localstack.start_redis(tmp_path / "redis")
     renv = Env(server.url(), env.home)
     worker = start_worker(renv, tmp_path)
-    row = json.loads(MLP.read_text().splitlines()[0])
-    row["source"] += f"\n# {tmp_path.name}\n"  # built by nobody before
-    one = tmp_path / "one.jsonl"
-    one.write_text(json.dumps(row) + "\n")
+    one = one_new_kernel(tmp_path)
     try:
         wait_for(lambda: bool(build_processes(worker.process.pid)), 60, "the pool")
         log = worker.log

@@ -65,10 +65,15 @@ class AotRegions(Feature):
 FEATURE = AotRegions()
 
 
+#: Their bare names: most nodes are told apart by these alone, without building a string.
+_NAMES = frozenset(name.rpartition(".")[2] for name in _REGIONS)
+
+
 def is_region_call(target: object) -> bool:
-    """Whether ``target`` (a node's) enters or leaves an autocast or SDPA-backend region."""
-    name = f"{getattr(target, '__module__', '')}.{getattr(target, '__name__', '')}"
-    return name in _REGIONS
+    """Whether ``target`` (a node's) enters or leaves an autocast or SDPA-backend region.
+    Runs for every node of every graph AOTAutograd looks up, cache hits included."""
+    name = getattr(target, "__name__", None)
+    return name in _NAMES and f"{getattr(target, '__module__', '')}.{name}" in _REGIONS
 
 
 def _region_safe(original: Callable[[Any], None]) -> Callable[[Any], None]:
