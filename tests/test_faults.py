@@ -275,7 +275,9 @@ def test_a_warm_whose_builds_end_while_redis_is_away_waits_for_it_and_stores_the
     report = json.loads(out.strip().splitlines()[-1])
     assert (report["local"], report["failed"]) == (1, 0), report
     text = err.text()
-    assert "answers again" in text and "not stored" not in text, text
+    # Stored by whichever path found Redis back first (the warm's probe, or the client's own
+    # retry): the log line says which, the store below says that it was.
+    assert "not stored" not in text, text
     try:
         assert all_kernels_sound(renv.redis_url, one)
     finally:
