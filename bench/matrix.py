@@ -43,6 +43,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +132,14 @@ def gpus_needed(config: str) -> int:
     return 2 if nproc or "cuda:1" in args else 1
 
 
+def _write_whole(path: Path, text: str) -> None:
+    """``text`` as ``path``, or ``path`` as it was: a SIGTERM (``timeout``) raises SystemExit
+    wherever it lands, and one landing in ``write_text`` left an empty matrix.json."""
+    part = path.with_name(f".{path.name}.part")
+    part.write_text(text)
+    os.replace(part, path)
+
+
 def ready_s(run: dict[str, Any], config: str) -> float:
     """The slowest rank's time to steady state."""
     k = READY_STEPS.get(config, 1)
@@ -159,9 +168,11 @@ def run_cell(
     extra: list[str],
     profile: Path | None = None,
     runs: list[str] | None = None,
+    saved: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """One cell's runs (``runs``: only these); ``profile``: a directory for cProfile files of
-    its compileq_new run."""
+    its compileq_new run; ``saved``: called with the cell so far after each run, so a device
+    call cut short by its time limit keeps the runs it finished, not only whole cells."""
     nproc, config_args = CONFIGS[config]
     args = [*WORKLOADS[workload], *config_args, "--steps", str(steps), *extra]
     cell: dict[str, Any] = {}
@@ -186,6 +197,8 @@ def run_cell(
         run["step_s"] = step_s(run, config)
         run["wall_s"] = round(time.monotonic() - started, 1)
         cell[name] = run
+        if saved is not None:
+            saved(cell)
         print(f"{tag}: ready {run['ready_s']} s", flush=True)
     return cell
 
@@ -273,14 +286,18 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 extra = args.script_args.split()
                 profile = out if args.cprofile_new else None
-                cell = run_cell(
-                    cluster, workdir, workload, config, args.steps, extra, profile, runs
-                )
                 name, again = f"{workload}/{config}", 2
                 while name in results["cells"]:  # a cell asked for again: its own entry
                     name, again = f"{workload}/{config}#{again}", again + 1
-                results["cells"][name] = cell
-                (out / "matrix.json").write_text(json.dumps(results, indent=1))
+
+                def save(cell: dict[str, Any], name: str = name) -> None:
+                    results["cells"][name] = cell
+                    _write_whole(out / "matrix.json", json.dumps(results, indent=1))
+
+                cell = run_cell(
+                    cluster, workdir, workload, config, args.steps, extra, profile, runs, save
+                )
+                save(cell)
     finally:
         try:
             cluster.close()
@@ -294,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
                 graphs = [line for line in text.splitlines() if "generated graph" in line]
                 joined.write(f"==> {log.name} <==\n" + "".join(f"{g}\n" for g in graphs))
                 joined.write(f"{text[-20000:]}\n")
-    (out / "matrix.md").write_text(render([results]))
+        # Here too, so a matrix cut short renders the runs it finished.
+        _write_whole(out / "matrix.md", render([results]))
     print((out / "matrix.md").read_text())
     return 0
 

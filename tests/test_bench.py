@@ -275,3 +275,53 @@ def test_the_matrix_refuses_a_configuration_this_machine_cannot_run() -> None:
     if torch.cuda.device_count() >= 2:
         pytest.skip("this machine has two GPUs")
     assert proc.returncode == 2 and "need 2 GPUs" in proc.stderr
+
+
+def test_a_matrix_cut_short_by_its_time_limit_keeps_and_renders_the_runs_it_finished(
+    tmp_path: Path,
+) -> None:
+    # A device call ends its matrix with `timeout` (SIGTERM). Whole cells only were kept
+    # before: a cell cut in its fifth run lost four runs of scarce device time.
+    import os
+    import signal
+
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "matrix",
+            "--workloads",
+            "script",
+            "--configs",
+            "cpu",
+            "--runs",
+            "eager,stock_cold",
+            "--steps",
+            "1",
+            "--script-args",
+            "--width 32 --layers 1",
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if k != "BENCH_REDIS_URL"},
+    )
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:  # the eager run done: cut the cell in its next run
+            if line.startswith("script-cpu-eager: ready"):
+                proc.send_signal(signal.SIGTERM)
+                break
+        proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143
+    cell = json.loads((out / "matrix.json").read_text())["cells"]["script/cpu"]
+    assert list(cell) == ["eager"] and cell["eager"]["ready_s"] > 0
+    row = next(r for r in (out / "matrix.md").read_text().splitlines() if "script/cpu" in r)
+    assert f"| {cell['eager']['ready_s']:.2f} |" in row
