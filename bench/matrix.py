@@ -132,6 +132,15 @@ def gpus_needed(config: str) -> int:
     return 2 if nproc or "cuda:1" in args else 1
 
 
+class TimeUp(SystemExit):
+    """SIGTERM (the device call's ``timeout``): the matrix ends here. Not a run that failed,
+    which the matrix records and goes on from."""
+
+
+def _time_up(*_: object) -> None:
+    raise TimeUp(143)
+
+
 def _write_whole(path: Path, text: str) -> None:
     """``text`` as ``path``, or ``path`` as it was: a SIGTERM (``timeout``) raises SystemExit
     wherever it lands, and one landing in ``write_text`` left an empty matrix.json."""
@@ -190,6 +199,8 @@ def run_cell(
         try:
             cprofile = profile if name == "compileq_new" else None
             run = run_job(cluster, workdir, tag, nproc, [*args, *eager], mode, caches_of, cprofile)
+        except TimeUp:
+            raise
         except SystemExit as failed:  # one run's failure is a result, not the end of the matrix
             cell[name] = {"failed": str(failed)[-2000:]}
             continue
@@ -269,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"meta": meta, "cells": {}}
     # `timeout` (as on the device) sends SIGTERM: leave through the finally below, which stops
     # the worker, instead of dying where the signal lands.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGTERM, _time_up)
     workdir = new_workdir()
     cluster = Cluster(workdir, gpu=bool(gpus)).start()
     try:
