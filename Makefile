@@ -103,7 +103,7 @@ test-all: setup docker
 RELIABILITY_TESTS := tests/test_faults.py tests/test_cluster.py tests/test_security.py \
 	tests/test_store.py tests/test_partition.py tests/test_broker.py tests/test_wrong_secret.py \
 	tests/test_load.py tests/test_poisoning.py tests/test_cli_input.py tests/test_sentinel.py \
-	tests/test_lease_keeper.py
+	tests/test_lease_keeper.py tests/test_poisoning_starvation.py
 
 reliability: setup
 	$(PY) -m pytest -q -s -m 'slow or not slow' $(RELIABILITY_TESTS) --reliability-report docs/RELIABILITY.md
