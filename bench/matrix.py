@@ -49,6 +49,7 @@ from typing import Any
 
 from bench.ddp import run_job
 from bench.harness import ROOT, Cluster, new_workdir
+from compileq._files import write_atomically
 
 WORKLOADS = {
     "script": ("--model", "script", "--width", "512", "--layers", "8", "--bucket-mb", "4"),
@@ -139,14 +140,6 @@ class TimeUp(SystemExit):
 
 def _time_up(*_: object) -> None:
     raise TimeUp(143)
-
-
-def _write_whole(path: Path, text: str) -> None:
-    """``text`` as ``path``, or ``path`` as it was: a SIGTERM (``timeout``) raises SystemExit
-    wherever it lands, and one landing in ``write_text`` left an empty matrix.json."""
-    part = path.with_name(f".{path.name}.part")
-    part.write_text(text)
-    os.replace(part, path)
 
 
 def ready_s(run: dict[str, Any], config: str) -> float:
@@ -303,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
 
                 def save(cell: dict[str, Any], name: str = name) -> None:
                     results["cells"][name] = cell
-                    _write_whole(out / "matrix.json", json.dumps(results, indent=1))
+                    write_atomically(out / "matrix.json", json.dumps(results, indent=1).encode())
 
                 cell = run_cell(
                     cluster, workdir, workload, config, args.steps, extra, profile, runs, save
@@ -323,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
                 joined.write(f"==> {log.name} <==\n" + "".join(f"{g}\n" for g in graphs))
                 joined.write(f"{text[-20000:]}\n")
         # Here too, so a matrix cut short renders the runs it finished.
-        _write_whole(out / "matrix.md", render([results]))
+        write_atomically(out / "matrix.md", render([results]).encode())
     print((out / "matrix.md").read_text())
     return 0
 

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from compileq._files import write_atomically
 from compileq._log import log
 from compileq.errors import UnsupportedTarget
 
@@ -180,10 +181,7 @@ def _memoised(name: str, signature: str, compute: Callable[[], str]) -> str:
     memo[name] = {"signature": signature, "value": value}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        # Write-then-rename: a concurrent reader sees the old file or the new, never half.
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(memo))
-        os.replace(tmp, path)
+        write_atomically(path, json.dumps(memo).encode())  # a concurrent reader: never half
     except OSError:
         pass  # an unwritable home only costs the recomputation next time
     return value

@@ -19,13 +19,13 @@ import contextlib
 import hashlib
 import os
 import platform
-import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
 
 from compileq import keys
+from compileq._files import write_atomically
 from compileq._log import warn_once
 from compileq.cache.counters import Counter
 from compileq.cache.store import RedisStore
@@ -52,18 +52,8 @@ def cpp_key(target: str) -> str:
     return keys.artifact_of("cpp", material)
 
 
-def _write_atomically(path: str, data: bytes) -> None:
-    # A reader (Inductor loading the library) must never see a half-written object.
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".compileq-", suffix=".so")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+#: A C++ object as Inductor writes one: loadable by its owner, readable by others.
+_EXECUTABLE = 0o755
 
 
 #: ``_look_up``'s answer when the object was written from the store: nothing to build.
@@ -89,7 +79,7 @@ def _compile_cpp(original: Callable[[str, Sequence[Any]], None]) -> Callable[...
         if plan is not None and plan[0]:  # a miss: a worker builds it, if one can
             built = cpp_fanout.built_remotely(plan[0], cpp_builders)
             if built is not None:
-                _write_atomically(plan[1], built)
+                write_atomically(plan[1], built, mode=_EXECUTABLE)
                 progress.cpp("remote")
                 return
         # Inductor's build, under Inductor's own file lock (which skips an object already there)
@@ -119,7 +109,7 @@ def _look_up(cpp_builders: Sequence[Any]) -> tuple[str, str] | None:
     try:
         entry = store.get_many([key])[0]
         if entry is not None:
-            _write_atomically(target, entry.payload())
+            write_atomically(target, entry.payload(), mode=_EXECUTABLE)
             store.count({Counter.CPP_HITS: 1})
             return _SERVED
         store.count({Counter.CPP_MISSES: 1})
@@ -273,7 +263,7 @@ def _check_build_with(original: Callable[[Any, str], bool], isa: Any, code: str)
                 key = cpp_key(target)
                 entry = None if away else store.get_many([key])[0]
                 if entry is not None:
-                    _write_atomically(target, entry.payload())
+                    write_atomically(target, entry.payload(), mode=_EXECUTABLE)
                     store.count({Counter.CPP_HITS: 1})
                     progress.cpp("hit")
                     key = None

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from compileq._files import write_atomically
 from compileq._private_dir import checked_private, private_dir
 from compileq.errors import LocalClusterError
 
@@ -161,9 +162,7 @@ def read_record(where: Place) -> dict[str, Any] | None:
 
 
 def write_record(where: Place, record: dict[str, Any]) -> None:
-    tmp = where.record_file.with_name(f".cluster.{os.getpid()}.json")
-    tmp.write_text(json.dumps(record))
-    os.replace(tmp, where.record_file)
+    write_atomically(where.record_file, json.dumps(record).encode())
 
 
 def group_members(pgid: int) -> list[int]:
