@@ -467,14 +467,15 @@ class KernelClient:
         warm``, whose builds are its whole point: its last builds done locally in a failover
         would otherwise leave with the process, if it ends before the probe finds the new
         master (a training job does not wait so on its way out; its backlog is a cache)."""
+        if not len(self._backlog):
+            return 0
         deadline = time.monotonic() + timeout_s
-        if len(self._backlog):
-            log.warning(
-                "compileq: waiting up to %.0f s for Redis to store %d kernels built here while "
-                "it was away",
-                timeout_s,
-                len(self._backlog),
-            )
+        log.warning(
+            "compileq: waiting up to %.0f s for Redis to store %d kernels built here while it "
+            "was away",
+            timeout_s,
+            len(self._backlog),
+        )
         # Probed as a Sentinel client probes in a failover, plain Redis too: this process has
         # nothing left to do but wait, so no dispatch would find Redis answering again.
         prober = self._reconnector or Reconnector(self._redis, self._redis_back, self._closed)
