@@ -313,16 +313,18 @@ def test_a_matrix_cut_short_by_its_time_limit_keeps_and_renders_the_runs_it_fini
         env={k: v for k, v in os.environ.items() if k != "BENCH_REDIS_URL"},
     )
     assert proc.stdout is not None
+    printed = []
     try:
         for line in proc.stdout:  # the eager run done: cut the cell inside its next run
+            printed.append(line)
             if line.startswith("script-cpu-eager: ready"):
                 time.sleep(3)  # stock's cold compile takes longer: the signal lands in it
                 proc.send_signal(signal.SIGTERM)
                 break
-        proc.communicate(timeout=120)
+        printed.append(proc.communicate(timeout=120)[0])
     finally:
         proc.kill()
-    assert proc.returncode == 143
+    assert proc.returncode == 143, "".join(printed)[-6000:]
     cell = json.loads((out / "matrix.json").read_text())["cells"]["script/cpu"]
     # The run the signal cut is not recorded as a run that failed (nor the matrix gone on).
     assert list(cell) == ["eager"] and cell["eager"]["ready_s"] > 0

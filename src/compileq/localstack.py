@@ -64,11 +64,39 @@ def start_redis(
     preexec_fn: Callable[[], None] | None = None,
 ) -> RedisServer:
     """A redis-server with no persistence unless ``extra`` asks for it, on a free loopback
-    port, or with ``unix_socket`` on that socket only (mode 0700, no TCP port)."""
+    port, or with ``unix_socket`` on that socket only (mode 0700, no TCP port).
+
+    A port found free can be taken before the server binds it (by another test's server, or
+    as the local end of some connection: both come from the same ephemeral range). The server
+    then exits, or another server answers on that port. So the server that answers must be
+    this one (its ``process_id``), and a port this function chose is chosen again, up to
+    ``_PORT_TRIES`` times; a port the caller gave is an error at once."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise CompileqError(NO_REDIS_SERVER)
     workdir.mkdir(parents=True, exist_ok=True)
+    tries = 1 if port is not None or unix_socket is not None else _PORT_TRIES
+    for _ in range(tries):
+        server = _start_redis_once(binary, workdir, extra, port, unix_socket, preexec_fn)
+        if server is not None:
+            return server
+    where = f"{tries} free ports" if tries > 1 else (unix_socket or f"port {port}")
+    raise CompileqError(f"redis-server did not start on {where}")
+
+
+#: Ports a private server tries before giving up: each lost race is rare.
+_PORT_TRIES = 5
+
+
+def _start_redis_once(
+    binary: str,
+    workdir: Path,
+    extra: tuple[str, ...],
+    port: int | None,
+    unix_socket: Path | None,
+    preexec_fn: Callable[[], None] | None,
+) -> RedisServer | None:
+    """The server, or None if it exited or another process answered in its place."""
     if unix_socket is not None:
         port = 0
         listen = ["--port", "0", "--unixsocket", str(unix_socket), "--unixsocketperm", "700"]
@@ -83,16 +111,25 @@ def start_redis(
         preexec_fn=preexec_fn,
     )
     server = RedisServer(port, proc, unix_socket)
+    # Short timeouts: a port held by something that accepts and never answers must not hang.
+    probe = redis.Redis.from_url(server.url(), socket_timeout=1, socket_connect_timeout=1)
     deadline = time.monotonic() + 10
-    while True:
-        try:
-            server.client().ping()
-            return server
-        except redis.ConnectionError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise CompileqError("redis-server did not start") from None
-            time.sleep(0.05)
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                # Not a ping: any server on that port answers one (a foreign server with a
+                # password refuses: a ConnectionError too, until this one has exited).
+                answered = probe.info("server").get("process_id")
+            except (redis.ConnectionError, redis.TimeoutError):
+                time.sleep(0.05)
+                continue
+            if answered == proc.pid:
+                return server
+            break  # another server holds the port: this one cannot bind it
+    finally:
+        probe.close()
+    stop(proc)
+    return None
 
 
 def stop(proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
