@@ -11,7 +11,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup redis docker demo test test-all lint bench bench-hit reliability load chaos clean
+.PHONY: setup redis docker demo test ci-local test-all lint bench bench-hit reliability load chaos clean
 
 $(VENV)/.installed: pyproject.toml
 	@# Debian splits venv (ensurepip) and the headers Inductor's C++ kernels include off python3.
@@ -87,6 +87,14 @@ PYTEST := $(PY) -m pytest -q --durations=30 -n $(TEST_PROCESSES) --dist loadscop
 test: setup docker
 	$(VENV)/bin/lint-imports --no-logo
 	$(PYTEST)
+
+# CI as CI runs it: `.ci/run` in a clean clone of HEAD, its venv set up from nothing, so a
+# package installed here by hand cannot hide one that pyproject.toml does not name (psutil,
+# which the bench's harness imports, once failed CI that way and passed here).
+CI_CLONE ?= /tmp/compileq-ci-local
+ci-local:
+	rm -rf $(CI_CLONE) && git clone -q . $(CI_CLONE)
+	$(CI_CLONE)/.ci/run
 
 # Everything `make test` runs, and the tests marked slow (pyproject's markers), each with a
 # shorter test on its path in CI: the full-size load test, the training-configuration cells a
