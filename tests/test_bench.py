@@ -5,6 +5,7 @@ capacity measurement (``python -m bench.capacity``) on real builds in a real Red
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -275,6 +276,30 @@ def test_the_matrix_refuses_a_configuration_this_machine_cannot_run() -> None:
     if torch.cuda.device_count() >= 2:
         pytest.skip("this machine has two GPUs")
     assert proc.returncode == 2 and "need 2 GPUs" in proc.stderr
+
+
+def test_the_bench_without_psutil_names_the_extra_to_install_before_any_run(
+    tmp_path: Path,
+) -> None:
+    # CI once ran the matrix without psutil: a traceback after the worker had started.
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    (hidden / "psutil.py").write_text("raise ModuleNotFoundError('psutil hidden by the test')\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "matrix", "--configs", "cpu", "--runs", "eager"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env={
+            **{k: v for k, v in os.environ.items() if k != "BENCH_REDIS_URL"},
+            "PYTHONPATH": str(hidden),
+            "OUT": str(tmp_path / "out"),
+        },
+    )
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.stderr.strip().endswith("the bench needs psutil: pip install -e '.[bench]'")
+    assert not (tmp_path / "out" / "matrix.json").exists()
 
 
 def test_a_matrix_cut_short_by_its_time_limit_keeps_and_renders_the_runs_it_finished(
