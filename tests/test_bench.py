@@ -263,14 +263,21 @@ def test_the_matrix_joins_device_calls_and_marks_each_missed_goal() -> None:
     assert "| 0.53 |" in rows["script/ddp"]  # a met goal is plain
 
 
-def test_the_matrix_refuses_a_configuration_this_machine_cannot_run() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench", "matrix", "--configs", "ddp", "--out", "/nonexistent"],
+def bench_matrix(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m bench matrix ARGS``, its output captured; ``env``: more of its environment,
+    on this one without the suite's shared Redis (the matrix starts its own)."""
+    return subprocess.run(
+        [sys.executable, "-m", "bench", "matrix", *args],
         capture_output=True,
         text=True,
         cwd=ROOT,
         timeout=120,
+        env={**{k: v for k, v in os.environ.items() if k != "BENCH_REDIS_URL"}, **(env or {})},
     )
+
+
+def test_the_matrix_refuses_a_configuration_this_machine_cannot_run() -> None:
+    proc = bench_matrix("--configs", "ddp", "--out", "/nonexistent")
     import torch
 
     if torch.cuda.device_count() >= 2:
@@ -285,21 +292,13 @@ def test_the_bench_without_psutil_names_the_extra_to_install_before_any_run(
     hidden = tmp_path / "hidden"
     hidden.mkdir()
     (hidden / "psutil.py").write_text("raise ModuleNotFoundError('psutil hidden by the test')\n")
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench", "matrix", "--configs", "cpu", "--runs", "eager"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-        env={
-            **{k: v for k, v in os.environ.items() if k != "BENCH_REDIS_URL"},
-            "PYTHONPATH": str(hidden),
-            "OUT": str(tmp_path / "out"),
-        },
+    out = tmp_path / "out"
+    proc = bench_matrix(
+        "--configs", "cpu", "--runs", "eager", env={"PYTHONPATH": str(hidden), "OUT": str(out)}
     )
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert proc.stderr.strip().endswith("the bench needs psutil: pip install -e '.[bench]'")
-    assert not (tmp_path / "out" / "matrix.json").exists()
+    assert not (out / "matrix.json").exists()
 
 
 def test_a_matrix_cut_short_by_its_time_limit_keeps_and_renders_the_runs_it_finished(
