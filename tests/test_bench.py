@@ -301,6 +301,24 @@ def test_the_bench_without_psutil_names_the_extra_to_install_before_any_run(
     assert not (out / "matrix.json").exists()
 
 
+def wait_for_child(pid: int, marker: str, timeout_s: float = 60) -> None:
+    """Until a descendant of ``pid`` has ``marker`` in its command line."""
+    import time
+
+    import psutil
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for child in psutil.Process(pid).children(recursive=True):
+            try:
+                if any(marker in arg for arg in child.cmdline()):
+                    return
+            except psutil.Error:  # exited meanwhile
+                continue
+        time.sleep(0.05)
+    raise AssertionError(f"no process of {pid} ran {marker!r} within {timeout_s} s")
+
+
 def test_a_matrix_cut_short_by_its_time_limit_keeps_and_renders_the_runs_it_finished(
     tmp_path: Path,
 ) -> None:
@@ -342,7 +360,10 @@ def test_a_matrix_cut_short_by_its_time_limit_keeps_and_renders_the_runs_it_fini
         for line in proc.stdout:  # the eager run done: cut the cell inside its next run
             printed.append(line)
             if line.startswith("script-cpu-eager: ready"):
-                time.sleep(3)  # stock's cold compile takes longer: the signal lands in it
+                # Inside stock's cold run, whatever this machine's speed: once its process
+                # runs, and a second later (it imports torch for longer than that).
+                wait_for_child(proc.pid, "script-cpu-stock_cold")
+                time.sleep(1)
                 proc.send_signal(signal.SIGTERM)
                 break
         printed.append(proc.communicate(timeout=120)[0])
