@@ -16,9 +16,11 @@ import pytest
 from bench import autotune
 from bench.autotune import autotune_tables, compare_picks
 from bench.capacity import UNCLASSIFIED, classify, unit_of
+from bench.harness import process_tree
 from bench.report import merge_runs
 
 from compileq import keys
+from tests.test_faults import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 H100 = ROOT / "docs" / "bench" / "h100" / "session3"
@@ -301,22 +303,17 @@ def test_the_bench_without_psutil_names_the_extra_to_install_before_any_run(
     assert not (out / "matrix.json").exists()
 
 
-def wait_for_child(pid: int, marker: str, timeout_s: float = 60) -> None:
-    """Until a descendant of ``pid`` has ``marker`` in its command line."""
-    import time
-
+def runs(pid: int, marker: str) -> bool:
+    """Whether a process of ``pid``'s tree has ``marker`` in its command line."""
     import psutil
 
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for child in psutil.Process(pid).children(recursive=True):
-            try:
-                if any(marker in arg for arg in child.cmdline()):
-                    return
-            except psutil.Error:  # exited meanwhile
-                continue
-        time.sleep(0.05)
-    raise AssertionError(f"no process of {pid} ran {marker!r} within {timeout_s} s")
+    for process in process_tree(pid):
+        try:
+            if any(marker in arg for arg in process.cmdline()):
+                return True
+        except psutil.Error:  # exited meanwhile
+            continue
+    return False
 
 
 def test_a_matrix_cut_short_by_its_time_limit_keeps_and_renders_the_runs_it_finished(
@@ -324,7 +321,6 @@ def test_a_matrix_cut_short_by_its_time_limit_keeps_and_renders_the_runs_it_fini
 ) -> None:
     # A device call ends its matrix with `timeout` (SIGTERM). Whole cells only were kept
     # before: a cell cut in its fifth run lost four runs of scarce device time.
-    import os
     import signal
     import time
 
@@ -362,7 +358,7 @@ def test_a_matrix_cut_short_by_its_time_limit_keeps_and_renders_the_runs_it_fini
             if line.startswith("script-cpu-eager: ready"):
                 # Inside stock's cold run, whatever this machine's speed: once its process
                 # runs, and a second later (it imports torch for longer than that).
-                wait_for_child(proc.pid, "script-cpu-stock_cold")
+                wait_for(lambda: runs(proc.pid, "script-cpu-stock_cold"), 60, "stock's cold run")
                 time.sleep(1)
                 proc.send_signal(signal.SIGTERM)
                 break
