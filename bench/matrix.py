@@ -196,14 +196,14 @@ def run_cell(
             raise
         except SystemExit as failed:  # one run's failure is a result, not the end of the matrix
             cell[name] = {"failed": str(failed)[-2000:]}
-            continue
-        run["ready_s"] = ready_s(run, config)
-        run["step_s"] = step_s(run, config)
-        run["wall_s"] = round(time.monotonic() - started, 1)
-        cell[name] = run
-        if saved is not None:
+        else:
+            run["ready_s"] = ready_s(run, config)
+            run["step_s"] = step_s(run, config)
+            run["wall_s"] = round(time.monotonic() - started, 1)
+            cell[name] = run
+            print(f"{tag}: ready {run['ready_s']} s", flush=True)
+        if saved is not None:  # a failure too: a cut after it must not lose it
             saved(cell)
-        print(f"{tag}: ready {run['ready_s']} s", flush=True)
     return cell
 
 
