@@ -14,6 +14,14 @@ from compileq.errors import CompileqError
 from tests.conftest import start_redis
 
 
+def first_free_port_is(monkeypatch: pytest.MonkeyPatch, taken: int) -> None:
+    """``localstack.free_port`` answers ``taken`` once, as if another process took the port
+    between that call and the server's bind; then free ports again."""
+    real_free_port = localstack.free_port
+    ports: Iterator[int] = iter([taken])
+    monkeypatch.setattr(localstack, "free_port", lambda: next(ports, None) or real_free_port())
+
+
 def test_a_private_redis_whose_port_was_taken_by_another_server_starts_on_another_port(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -22,9 +30,7 @@ def test_a_private_redis_whose_port_was_taken_by_another_server_starts_on_anothe
     other = start_redis(tmp_path / "other")
     try:
         other.client().set("theirs", b"kept")
-        real_free_port = localstack.free_port
-        ports: Iterator[int] = iter([other.port])
-        monkeypatch.setattr(localstack, "free_port", lambda: next(ports, None) or real_free_port())
+        first_free_port_is(monkeypatch, other.port)
         mine = localstack.start_redis(tmp_path / "mine")
         try:
             assert mine.port != other.port
@@ -46,9 +52,7 @@ def test_a_private_redis_on_a_port_held_by_a_plain_socket_starts_on_another_port
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         taken = holder.getsockname()[1]
-        real_free_port = localstack.free_port
-        ports: Iterator[int] = iter([taken])
-        monkeypatch.setattr(localstack, "free_port", lambda: next(ports, None) or real_free_port())
+        first_free_port_is(monkeypatch, taken)
         server = start_redis(tmp_path / "redis")
         try:
             assert server.port != taken and server.client().ping()
