@@ -30,6 +30,7 @@ from compileq.codegen import aot_regions, ddp_aot, deferred, remote, speculative
 from compileq.config import Settings, get_settings
 from compileq.errors import ConfigError
 from compileq.hooks.feature import Context, Feature
+from compileq.hooks.targets import Target
 from compileq.inductor import (
     autotune,
     cpp_cache,
@@ -48,12 +49,15 @@ from compileq.scheduler.client import KernelClient
 from compileq.scheduler.local import LocalBuilder
 from compileq.scheduler.pool import CompileqPool
 
+_ASYNC_COMPILE = "torch._inductor.async_compile"
+
 
 class KeepStackChunks(Feature):
     """Python's freed frame-stack chunks kept for reuse (``stack_chunks``). Not undone: the
     allocator stays swapped for the process's life, and keeps nothing torch can see."""
 
     name = "stack-chunks"
+    targets = ()  # nothing of torch's or Triton's
 
     def wanted(self, ctx: Context) -> bool:
         return ctx.settings.keep_stack_chunks
@@ -67,6 +71,24 @@ class ProcessPool(Feature):
     rides on, so first on and last off."""
 
     name = "process-pool"
+    targets = (
+        Target(_ASYNC_COMPILE, "AsyncCompile.process_pool"),
+        Target(_ASYNC_COMPILE, "AsyncCompile._ready_future"),
+        Target(_ASYNC_COMPILE, "AsyncCompile._get_ready"),  # the probe CompileqPool answers
+        Target(_ASYNC_COMPILE, "get_compile_threads"),
+        # What CompileqPool recognises as a Triton build (scheduler/recognise.py).
+        Target(
+            "torch._inductor.runtime.compile_tasks",
+            "_worker_compile_triton",
+            ("load_kernel", "extra_env", "extra_config"),
+        ),
+        Target(
+            "torch._inductor.codecache",
+            "_load_triton_kernel_from_source",
+            ("kernel_name", "source_code"),
+        ),
+        Target("torch._inductor.runtime.cache_dir_utils", "cache_dir"),
+    )
 
     def enable(self, ctx: Context) -> None:
         from torch._inductor import config
@@ -100,6 +122,13 @@ class InductorKeys(Feature):
     compute anyway."""
 
     name = "inductor-keys"
+    # codecache.triton_key and the keys' ``set`` are newer torch's, triton_compat.triton_key
+    # 2.11's: fingerprint.seed_inductor_keys takes whichever is there.
+    targets = (
+        Target("torch._inductor.codecache", "torch_key"),
+        Target("torch._inductor.runtime.triton_compat", "HAS_TRITON"),
+        Target("torch._inductor.runtime.compile_tasks", "_set_triton_ptxas_path"),
+    )
 
     def enable(self, ctx: Context) -> None:
         fingerprint.seed_inductor_keys(self.patches.set)
@@ -114,10 +143,12 @@ def _remote_fx_compile() -> type:
     return RemoteFxCompile
 
 
+_POOL = ProcessPool()
+
 #: Every feature, in the order install() enables them (uninstall() disables them backwards).
 FEATURES: tuple[Feature, ...] = (
     KeepStackChunks(),  # keep_stack_chunks
-    ProcessPool(),  # always: Triton builds through the cluster
+    _POOL,  # always: Triton builds through the cluster
     graph_cache.FEATURE,  # graph_cache: Inductor's remote caches in the store
     triton_modules.FEATURE,  # graph_cache: Triton's C modules in the store
     cpp_cache.FEATURE,  # graph_cache: C++ objects and ISA probes in the store
@@ -195,6 +226,10 @@ def install(
     with _lock:
         first = _installed is None
         if _installed is None:
+            import torch._inductor.async_compile  # noqa: F401  (what the pool's targets are in)
+
+            if not _POOL.fits():  # every other feature rides on it: said once, stock stays
+                return False
             ctx = _context(settings, want_fx, on_worker)
             if ctx is None:
                 return False
@@ -226,12 +261,16 @@ def _context(settings: Settings, fx: bool, on_worker: Callable[[], bool] | None)
 
 
 def _walk(installed: _Installed, ctx: Context) -> None:
-    """Each feature as ``ctx`` wants it: enabled, hooked again, or disabled."""
+    """Each feature as ``ctx`` wants it: enabled, hooked again, or disabled. One whose targets
+    in this torch do not fit stays off (``Feature.fits``: said once, once per process)."""
     for feature in FEATURES:
         wanted, on = feature.wanted(ctx), feature in installed.on
         if wanted and not on:
+            if not feature.fits():
+                continue
             installed.on.append(feature)
             feature.enable(ctx)
+            feature.fits()  # and what enable() imported
         elif wanted:
             feature.hook()
         elif on:
@@ -253,6 +292,37 @@ def uninstall() -> None:
                 except Exception as e:  # the others still go
                     log.warning("compileq: %s not disabled cleanly (%s)", feature.name, e)
         installed.ctx.pool.shutdown()
+
+
+@dataclass(frozen=True)
+class State:
+    """One feature as ``install()`` would leave it on this torch (``survey``)."""
+
+    name: str
+    on: bool
+    #: Why it is off: its setting, or what in this torch does not fit (``Feature.misfit``).
+    why: str = ""
+    #: Off because a target of its moved in this torch, not by its setting.
+    moved: bool = False
+
+
+def survey(settings: Settings, *, fx: bool = True) -> list[State]:
+    """Every feature as ``install()`` with ``settings`` would leave it in a client on the
+    torch installed here (``fx``: as ``compileq run`` installs, FX codegen on), each target
+    imported and checked; for ``compileq doctor`` and docs/RELEASES.md. Changes nothing."""
+    ctx = Context(settings, client=None, fx=fx)
+    states = []
+    for feature in FEATURES:
+        misfit = feature.misfit or next(
+            (p for t in feature.targets if (p := t.misfit()) is not None), None
+        )
+        if misfit is not None:
+            states.append(State(feature.name, False, misfit, moved=True))
+        elif not feature.wanted(ctx):
+            states.append(State(feature.name, False, "off by its setting"))
+        else:
+            states.append(State(feature.name, True))
+    return states
 
 
 def installed_pool() -> CompileqPool | None:

@@ -65,7 +65,9 @@ class _InstallWhenInductorLoads(importlib.abc.MetaPathFinder):
                     run_module(module)
             try:
                 import compileq
+                from compileq.hooks import import_hooks
 
+                import_hooks.body_ran(name)  # importlib marks it as loading until we return
                 compileq.install()
             except Exception as e:  # never break the user's program
                 print(f"compileq: not installed: {e}", file=sys.stderr)

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from compileq.hooks.feature import Context, Feature
+from compileq.hooks.targets import Target
 
 _CACHE = "torch._functorch._aot_autograd.autograd_cache"
 #: The functions Dynamo calls in a graph to enter and leave an autocast region, and to set the
@@ -50,6 +51,7 @@ class AotRegions(Feature):
 
     name = "aot-regions"
     without = "a graph with an autocast or sdpa_kernel region is traced again at every start"
+    targets = (Target(_CACHE, "check_node_safe", ("node",)),)
 
     def wanted(self, ctx: Context) -> bool:
         return ctx.settings.graph_cache and ctx.settings.aot_regions and not ctx.in_worker

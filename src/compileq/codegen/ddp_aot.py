@@ -63,11 +63,13 @@ from compileq.codegen.symbolic_sizes import (
     valid,
 )
 from compileq.hooks.feature import Context, Feature
+from compileq.hooks.targets import Target
 from compileq.inductor import index_free
 
 KIND = "aotddp"
 _CACHE = "torch._functorch._aot_autograd.autograd_cache"
 _WRAPPERS = "torch._functorch._aot_autograd.runtime_wrappers"
+_RESULT = "torch._functorch._aot_autograd.aot_autograd_result"
 #: A record larger than this is not read: a subgraph returns tens of tensors, not thousands.
 _MAX_RECORD = 256 * 1024
 
@@ -106,6 +108,17 @@ class DdpAot(Feature):
 
     name = "ddp-aot"
     without = "DDP subgraphs stay uncached"
+    targets = (
+        Target(_CACHE, "AOTAutogradCache.try_load"),
+        Target(_CACHE, "AOTAutogradCache._lookup", ("key", "local", "remote", "args")),
+        Target(_CACHE, "FXGraphCacheMiss"),
+        Target(_WRAPPERS, "FakifiedOutWrapper.post_compile", ("self", "compiled_fn", "aot_config")),
+        # What _Loadable stands in for: an entry's compiled forward or backward.
+        Target(_RESULT, "InductorOutput.load", ("self", "example_inputs")),
+        Target(_RESULT, "InductorOutput.post_compile", ("self", "result", "fx_config")),
+        Target("torch._guards", "TracingContext.try_get"),
+        Target("torch._guards", "detect_fake_mode"),
+    )
 
     def __init__(self) -> None:
         super().__init__()
@@ -163,6 +176,7 @@ def _try_load(original: Callable[..., Any]) -> Callable[..., Any]:
     """Look a DDPOptimizer subgraph up as any graph (its flag off for the lookup only: the
     compile that follows a miss must still fakify its first call)."""
 
+    @functools.wraps(original)
     def try_load(*args: Any, **kwargs: Any) -> Any:
         context = _ddp_subgraph_context()
         if context is None or FEATURE.store is None or not FEATURE.complete():
@@ -200,6 +214,7 @@ def _ddp_subgraph_context() -> Any:
 
 
 def _lookup(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
     def lookup(key: str, *args: Any, **kwargs: Any) -> Any:
         found = original(key, *args, **kwargs)
         subgraph = getattr(_thread, "subgraph", None)

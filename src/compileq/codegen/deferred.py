@@ -53,6 +53,7 @@ from compileq._log import log, warn_once
 from compileq.cache.counters import Counter
 from compileq.codegen import speculative
 from compileq.hooks.feature import Context, Feature
+from compileq.hooks.targets import Target
 from compileq.tasks import fx_strides
 
 if TYPE_CHECKING:  # the round trip imports Celery's app: not at install
@@ -61,6 +62,8 @@ if TYPE_CHECKING:  # the round trip imports Celery's app: not at install
 _DISTRIBUTED = "torch._dynamo.backends.distributed"
 _CODECACHE = "torch._inductor.codecache"
 _GRAPH_COMPILE = "torch._functorch._aot_autograd.graph_compile"
+_OUTPUT_CODE = "torch._inductor.output_code"
+_BUNDLER = "torch._inductor.triton_bundler"
 _thread = threading.local()
 
 
@@ -342,6 +345,24 @@ class Deferred(Feature):
     """Defer DDP subgraphs' forwards, from the next DDPOptimizer compile on."""
 
     name = "deferred"
+    # _aot_stage2b_bw_compile is wrapped where torch has it: else a stride that differs for a
+    # saved activation recompiles the frame.
+    targets = (
+        Target(_DISTRIBUTED, "DDPOptimizer.compile_fn", ("self", "gm", "example_inputs")),
+        Target(_CODECACHE, "FxGraphCache._save_graph", ("key", "compiled_graph")),
+        # What Forward stands in for, and what it calls on the real graph.
+        Target(
+            _OUTPUT_CODE,
+            "OutputCode.post_compile",
+            ("self", "example_inputs", "constants", "graph_kwargs"),
+        ),
+        Target(_OUTPUT_CODE, "OutputCode.set_triton_bundle", ("self", "triton_bundle")),
+        Target(_BUNDLER, "TritonBundler.begin_compile"),
+        Target(_BUNDLER, "TritonBundler.collect"),
+        Target(_BUNDLER, "TritonBundler.end_compile"),
+        Target("torch._guards", "TracingContext.try_get"),
+        Target(_GRAPH_COMPILE, "_aot_stage2b_bw_compile", optional=True),
+    )
 
     def __init__(self) -> None:
         super().__init__()
@@ -412,6 +433,7 @@ def _bw_compile(module: Any, original: Callable[..., Any]) -> Callable[..., Any]
 def _save_graph(save: Callable[..., Any]) -> Callable[..., None]:
     """Inductor's FX-cache put; a deferred forward's happens once its graph is loaded."""
 
+    @functools.wraps(save)
     def save_graph(key: str, graph: Any, *args: Any, **kwargs: Any) -> None:
         from compileq.scheduler import remote_mark
 

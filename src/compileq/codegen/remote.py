@@ -39,6 +39,7 @@ from compileq._log import log, warn_once
 from compileq.cache.counters import Counter, Reason, fallback
 from compileq.fingerprint import FxToolchain, Target, fx_target, local_fx_toolchain
 from compileq.hooks.feature import Context, Feature
+from compileq.hooks.targets import Target as TorchTarget  # fingerprint's is a GPU target
 from compileq.scheduler import fx_join, roundtrip
 from compileq.scheduler.client import KernelClient
 from compileq.scheduler.fallback import Fallback
@@ -174,6 +175,9 @@ def choose_route(client: KernelClient | None, gm: Any, example_inputs: Sequence[
 
 
 _COMPILE_FX_EXT = "torch._inductor.compile_fx_ext"
+_PICKLER = "torch.fx._graph_pickler"
+#: What ``scheme.RemoteFxCompile`` overrides and calls of Inductor's out-of-process compile.
+_GRAPH = ("self", "gm", "example_inputs", "inputs_to_check", "graph_kwargs")
 
 
 class RemoteFx(Feature):
@@ -187,6 +191,53 @@ class RemoteFx(Feature):
     """
 
     name = "remote-fx"
+    # Used where torch has them: compile_fx's fx_compile_async and fx_compile_progressive,
+    # utils.get_donated_idxs, the compile's compile_region_name (2.13).
+    targets = (
+        TorchTarget(_COMPILE_FX, "fx_codegen_and_compile"),
+        TorchTarget(_COMPILE_FX, "fx_compile_mode"),
+        TorchTarget(_COMPILE_FX, "FxCompileMode.NORMAL"),
+        TorchTarget(_COMPILE_FX, "FxCompileMode.SUBPROCESS"),
+        TorchTarget(_COMPILE_FX, "_InProcessFxCompile.codegen_and_compile", _GRAPH),
+        TorchTarget("torch._inductor.compile_fx_subproc", "_SubprocessFxCompile"),
+        TorchTarget(_COMPILE_FX_EXT, "_OutOfProcessFxCompile.codegen_and_compile", _GRAPH),
+        TorchTarget(_COMPILE_FX_EXT, "_OutOfProcessFxCompile.serialize_compile", _GRAPH),
+        TorchTarget(
+            _COMPILE_FX_EXT,
+            "_OutOfProcessFxCompile._send_to_child_async",
+            ("self", "pickled_input"),
+        ),
+        TorchTarget(_COMPILE_FX_EXT, "_OutOfProcessFxCompile._postprocess", ("self", "output")),
+        TorchTarget(_COMPILE_FX_EXT, "_WireProtocolPickledInput"),
+        TorchTarget(_COMPILE_FX_EXT, "_WireProtocolPickledOutput.__init__", ("self", "value")),
+        TorchTarget(
+            _COMPILE_FX_EXT, "_WireProtocolPickledOutput.deserialize", ("self", "constants")
+        ),
+        TorchTarget(_COMPILE_FX_EXT, "_current_fake_mode"),
+        TorchTarget(
+            "torch._inductor.output_code",
+            "CompiledFxGraph.after_deserialization",
+            ("self", "constants"),
+        ),
+        # The job's key (codegen/fx_key.py).
+        TorchTarget(
+            "torch._inductor.codecache",
+            "FxGraphHashDetails.__init__",
+            ("self", "gm", "example_inputs", "fx_kwargs", "inputs_to_check"),
+        ),
+        TorchTarget(
+            "torch._inductor.codecache",
+            "FxGraphCachePickler.__init__",
+            ("self", "gm", "has_user_defined_triton_kernels"),
+        ),
+        # compileq's wire (tasks/fx_wire.py).
+        TorchTarget(_PICKLER, "GraphPickler.dumps", ("cls", "obj", "options")),
+        TorchTarget(_PICKLER, "GraphPickler.loads", ("data", "fake_mode")),
+        TorchTarget(_PICKLER, "GraphPickler.reducer_override", ("self", "obj")),
+        TorchTarget(_PICKLER, "Options"),
+        TorchTarget(_PICKLER, "_TensorPickleData.__init__", ("self", "describer", "t")),
+        TorchTarget(_PICKLER, "_TensorPickleData.unpickle", ("self", "unpickle_state")),
+    )
 
     def __init__(self) -> None:
         super().__init__()

@@ -58,11 +58,14 @@ from typing import Any
 
 from compileq._log import log, warn_once
 from compileq.hooks.feature import Context, Feature
+from compileq.hooks.targets import Target
 from compileq.tasks import fx_strides
 
 _GRAPH_COMPILE = "torch._functorch._aot_autograd.graph_compile"
 _COMPILE_FX = "torch._inductor.compile_fx"
 _DISTRIBUTED = "torch._dynamo.backends.distributed"
+_AOT = "torch._functorch._aot_autograd"
+_CODECACHE = "torch._inductor.codecache"
 _thread = threading.local()
 #: DDP backwards sent lately, by the identity of their inputs list, which a deferred forward's
 #: check may restride in place (:func:`restrided`): a few frames' worth per thread.
@@ -270,6 +273,32 @@ class Speculative(Feature):
     """Speculate every partitioned graph's backward, now or once AOTAutograd is imported."""
 
     name = "speculative"
+    # Wrapped where torch has them, each losing a part when it does not: compile_fx's
+    # _compile_fx_inner, _aot_stage2b_bw_compile, SubmodCompiler.run_node. aot_stage2_autograd
+    # passes its backward compiler fifth since 2.12; 2.11's is read off the AOTConfig.
+    targets = (
+        Target(_GRAPH_COMPILE, "_aot_stage2a_partition"),
+        Target(_GRAPH_COMPILE, "aot_stage2_autograd"),
+        Target(_GRAPH_COMPILE, "_get_inner_meta", ("maybe_subclass_meta", "fw_metadata")),
+        Target(f"{_AOT}.schemas", "AOTConfig"),
+        Target(f"{_AOT}.schemas", "SubclassMeta"),
+        Target(f"{_AOT}.schemas", "ViewAndMutationMeta"),
+        Target(f"{_AOT}.logging_utils", "track_graph_compiling", ("aot_config", "graph_name")),
+        Target(f"{_AOT}.logging_utils", "graph_being_compiled"),
+        Target(f"{_AOT}.logging_utils", "nth_graph"),
+        Target(_CODECACHE, "FxGraphCache.load_with_key", ("key",)),
+        Target(_CODECACHE, "FxGraphCache._get_tmp_dir_for_key", ("cls", "key")),
+        Target("torch._inductor.triton_bundler", "TritonBundler"),
+        Target("torch._inductor.cudagraph_utils", "BoxedDeviceIndex"),
+        Target("torch._inductor.utils", "BoxedBool"),
+        Target("torch._subclasses.fake_tensor", "unset_fake_temporarily"),
+        Target("torch.fx.experimental.symbolic_shapes", "fx_placeholder_vals", ("gm",)),
+        Target("torch._dynamo.compiled_autograd", "compiled_autograd_enabled"),
+        Target("torch._guards", "TracingContext.try_get"),
+        Target(_COMPILE_FX, "_compile_fx_inner", ("gm", "example_inputs"), optional=True),
+        Target(_GRAPH_COMPILE, "_aot_stage2b_bw_compile", optional=True),
+        Target(_DISTRIBUTED, "SubmodCompiler.run_node", ("self", "n"), optional=True),
+    )
 
     def wanted(self, ctx: Context) -> bool:
         return ctx.fx and ctx.settings.speculate and not ctx.in_worker
@@ -318,6 +347,7 @@ def _stage2_with_backward_compiler(original: Callable[..., Any]) -> Callable[...
     """``aot_stage2_autograd``, with its backward compiler at hand for the partition that
     follows (the lazy compile calls this one; ``AOTConfig.bw_compiler`` may be None)."""
 
+    @functools.wraps(original)
     def stage2(*args: Any, **kwargs: Any) -> Any:
         compiler = kwargs.get("bw_compiler", args[4] if len(args) > 4 else None)
         outer = getattr(_thread, "bw_compiler", None), getattr(_thread, "pending", None)
@@ -333,6 +363,7 @@ def _stage2_with_backward_compiler(original: Callable[..., Any]) -> Callable[...
 
 
 def _partition_then_send_backward(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
     def partition(*args: Any, **kwargs: Any) -> Any:
         result = original(*args, **kwargs)
         try:
@@ -451,6 +482,7 @@ def _prepared_then_send_backward(original: Callable[..., Any]) -> Callable[..., 
     ahead with traced strides that turned out otherwise (padding) is sent again. Under
     DDPOptimizer the send stays at the end of the subgraph's fake run, with these inputs."""
 
+    @functools.wraps(original)
     def bw_compile(*args: Any, **kwargs: Any) -> Any:
         result = original(*args, **kwargs)
         pending: _Pending | None = getattr(_thread, "pending", None)
@@ -605,6 +637,7 @@ def _settled(kwargs: dict[str, Any], gm: Any, example_inputs: Any) -> dict[str, 
 
 
 def _run_node_then_send(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
     def run_node(self: Any, node: Any) -> Any:
         outer = getattr(_thread, "after_submodule", None)
         pending: list[_Pending] = []
@@ -696,6 +729,7 @@ def _load_with_key(original: Callable[..., Any]) -> Callable[..., Any]:
     speculation (nothing to send), else it reads as a miss without touching the remote cache
     (whose hit would load the graph's code and kernels now, and whose miss takes a lease)."""
 
+    @functools.wraps(original)
     def load_with_key(key: str, *args: Any, **kwargs: Any) -> Any:
         if not speculating():
             return original(key, *args, **kwargs)

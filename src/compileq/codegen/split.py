@@ -47,11 +47,13 @@ from compileq._log import log, warn_once
 from compileq.cache.counters import Counter
 from compileq.codegen import deferred
 from compileq.hooks.feature import Context, Feature
+from compileq.hooks.targets import Target
 
 if TYPE_CHECKING:
     from compileq.config import Settings
 
 _COMPILE_FX = "torch._inductor.compile_fx"
+_DISTRIBUTED = "torch._dynamo.backends.distributed"
 #: Inductor settings under which a part's forward cannot be deferred (``deferred.assumed``),
 #: so that splitting would only add cuts: checked with ``config_patches`` applied.
 _WHOLE_IF = ("triton.cudagraphs", "cpp_wrapper", "fx_wrapper")
@@ -66,6 +68,17 @@ class Split(Feature):
 
     name = "split"
     without = "big graphs compile whole"
+    # DDP's propagate_* and Dynamo's saved-tensor hooks switch are used where torch has them.
+    targets = (
+        Target(_COMPILE_FX, "compile_fx", ("model_", "example_inputs_")),
+        Target(
+            _DISTRIBUTED, "SubmodCompiler.__init__", ("self", "module", "compiler", "fake_mode")
+        ),
+        Target(_DISTRIBUTED, "has_higher_order_op", ("gm",)),
+        Target("torch.fx.passes.split_module", "split_module", ("m", "root_m", "split_callback")),
+        Target("torch._guards", "TracingContext.try_get"),
+        Target("torch._guards", "detect_fake_mode"),
+    )
 
     def wanted(self, ctx: Context) -> bool:
         settings = ctx.settings

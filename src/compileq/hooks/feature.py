@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from compileq._log import log, warn_once
 from compileq.hooks.ledger import Patches
+from compileq.hooks.targets import Target, first_misfit, torch_release
 
 if TYPE_CHECKING:  # the boot hook imports this module, and must import neither redis nor pydantic
     from compileq.cache.counters import Counter
@@ -66,11 +67,17 @@ class Feature:
     name: ClassVar[str] = "feature"
     #: What is lost when torch lacks something it wraps, for the log.
     without: ClassVar[str] = ""
+    #: What it replaces or calls in torch, as it expects it (``hooks/targets.py``): checked
+    #: before it is enabled and as each module loads; one that does not fit turns it off.
+    targets: ClassVar[tuple[Target, ...]] = ()
 
     def __init__(self) -> None:
         self.patches = Patches(self.name, self.without)
         #: The context of the ``install()`` that enabled it; None while it is off.
         self.ctx: Context | None = None
+        #: What in this torch is not as the feature expects (the first target found so);
+        #: None while every target checked fits. Once set, the feature stays off.
+        self.misfit: str | None = None
 
     @property
     def client(self) -> Any:
@@ -127,8 +134,36 @@ class Feature:
         """Finish what ``enable`` could not: ``install()``'s second call under ``compileq
         run`` comes once ``compile_fx`` has loaded, and a module that was still loading at
         the first call (its function found nothing to wrap, and returned) is complete now."""
-        for module, patch in self.imports().items():
-            self.patches.after_import(module, patch)
+        for module in self.imports():
+            self.patches.after_import(module, self._patch_module)
+
+    def _patch_module(self, module: Any) -> None:
+        """``imports()``'s function for ``module``, once the targets there fit."""
+        if self.misfit is not None or not self.fits(frozenset((module.__name__,))):
+            return
+        patch = self.imports().get(module.__name__)
+        if patch is not None:
+            patch(module)
+
+    def fits(self, modules: frozenset[str] | None = None) -> bool:
+        """Whether every target checked so far fits (those whose module has loaded, and is in
+        ``modules`` where given). The first that does not turns the feature off for the
+        process: said once, its replacements taken away; the other features stay on."""
+        if self.misfit is None:
+            problem = first_misfit(self.targets, modules)
+            if problem is not None:
+                self.misfit = problem
+                lost = f"; {self.without}" if self.without else ""
+                warn_once(
+                    f"misfit-{self.name}",
+                    "compileq: %s off: torch %s %s%s",
+                    self.name,
+                    torch_release(),
+                    problem,
+                    lost,
+                )
+                self.patches.undo()
+        return self.misfit is None
 
     def disable(self) -> None:
         """Turn the feature off: its import hooks cancelled, its replacements taken out of

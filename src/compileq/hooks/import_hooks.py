@@ -17,6 +17,9 @@ from typing import Any
 
 _pending: list[_AfterImport] = []
 _lock = threading.Lock()
+#: Modules whose body a hook here saw run to its end: importlib still marks them as
+#: initialising while the hook runs (``spec._initializing`` is cleared after ``exec_module``).
+_finished: set[str] = set()
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -34,6 +37,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
         def exec_module(module: ModuleType) -> None:
             run_module(module)
+            body_ran(name)
             self.fn(module)
 
         spec.loader.exec_module = exec_module  # type: ignore[method-assign]
@@ -57,6 +61,25 @@ def after_import(name: str, fn: Callable[[ModuleType], None], owner: object = No
         hook = _AfterImport(name, fn, owner)
         _pending.append(hook)
         sys.meta_path.insert(0, hook)
+
+
+def body_ran(name: str) -> None:
+    """Say that module ``name`` has run its body to the end, from a hook that runs after it
+    inside the import (this module's, and ``compileq run``'s start-up hook)."""
+    _finished.add(name)
+
+
+def loaded(name: str) -> ModuleType | None:
+    """``sys.modules[name]`` once its body has run to the end; None while it is missing or
+    still executing (``compileq run`` installs from inside torch's own imports, where a module
+    is in ``sys.modules`` before it has defined what it will)."""
+    module = sys.modules.get(name)
+    if module is None:
+        return None
+    spec = getattr(module, "__spec__", None)
+    if getattr(spec, "_initializing", False) and name not in _finished:
+        return None
+    return module
 
 
 def pending(owner: object) -> list[str]:

@@ -18,6 +18,7 @@ attribute and were disabled in the order they were enabled: it stayed installed 
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -103,6 +104,15 @@ class Ledger:
                 if entry.by == by and entry.owner is owner and entry.name == name:
                     return entry
         return None
+
+    def torchs_own(self, owner: Any, name: str) -> Any:
+        """What ``owner.name`` was before compileq replaced it (its oldest entry's original);
+        what it is now where compileq has not."""
+        with self._lock:
+            for entry in self._entries:
+                if entry.owner is owner and entry.name == name:
+                    return entry.original
+        return raw(owner, name)
 
     def owned(self, by: str) -> list[Entry]:
         with self._lock:
@@ -216,6 +226,8 @@ class Patches:
         made: list[Entry] = []
 
         def make(original: Any) -> Any:
+            # Signed as the original: a feature's check of its targets reads through it.
+            @functools.wraps(original)
             def first(*args: Any, **kwargs: Any) -> Any:
                 self._ledger.remove(made)
                 fn()

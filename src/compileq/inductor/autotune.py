@@ -54,6 +54,7 @@ from compileq._log import warn_once
 from compileq.cache.counters import Counter
 from compileq.fingerprint import Toolchain
 from compileq.hooks.feature import Context, Feature
+from compileq.hooks.targets import Target
 from compileq.scheduler import boundary, roundtrip
 from compileq.scheduler.client import KernelClient
 from compileq.scheduler.progress import progress
@@ -316,6 +317,14 @@ class Autotune(Feature):
     """Send autotuning timings to GPU workers from now on (once select_algorithm is loaded)."""
 
     name = "autotune"
+    targets = (
+        Target(
+            _SELECT,
+            "AlgorithmSelectorCache.benchmark_in_current_process",
+            ("cls", "choices", "input_nodes", "layout", "input_gen_fns"),
+        ),
+        Target(_AUTOTUNE_PROCESS, "benchmark_in_sub_process", ("choices",)),
+    )
 
     def wanted(self, ctx: Context) -> bool:
         return ctx.settings.tune_on_workers

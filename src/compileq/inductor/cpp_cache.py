@@ -16,6 +16,7 @@ not do this, so a stock "warm" start still runs the C++ compiler for every kerne
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import platform
@@ -32,6 +33,7 @@ from compileq.cache.store import RedisStore
 from compileq.errors import CompileqError
 from compileq.fingerprint import compiler_identity, cpu_flags
 from compileq.hooks.feature import Context, Feature
+from compileq.hooks.targets import Target
 from compileq.inductor import cpp_fanout
 from compileq.scheduler import boundary, outage
 from compileq.scheduler.progress import progress
@@ -63,6 +65,7 @@ _SERVED = ("served", "")
 def _compile_cpp(original: Callable[[str, Sequence[Any]], None]) -> Callable[..., None]:
     """Inductor's ``_worker_compile_cpp``, served from the store or built by a worker."""
 
+    @functools.wraps(original)
     def compile_cpp(lock_path: str, cpp_builders: Sequence[Any]) -> None:
         if cpp_fanout.precompiled_header(cpp_builders) and cpp_fanout.sends_builds(cpp_builders):
             # Inductor's precompiled header is read only by this machine's own builds: while
@@ -226,6 +229,7 @@ def _check_build(original: Callable[[Any, str], bool]) -> Callable[[Any, str], b
     """Inductor's vector-ISA check, its verdict and its compile served from the store
     (``_check_build_with``)."""
 
+    @functools.wraps(original)
     def check_build(isa: Any, code: str) -> bool:
         return _check_build_with(original, isa, code)
 
@@ -287,6 +291,12 @@ class CppCache(Feature):
     """Serve C++ builds (and vector-ISA probes) from the store."""
 
     name = "cpp-cache"
+    # What finds an ISA probe's object (_isa_probe_object) is tried, and skipped if it fails.
+    targets = (
+        Target("torch._inductor.codecache", "_worker_compile_cpp", ("lock_path", "cpp_builders")),
+        Target("torch._inductor.cpu_vec_isa", "VecISA.check_build", ("self", "code")),
+        Target("torch._inductor.cpp_builder", "CppBuilder.get_target_file_path"),
+    )
 
     def __init__(self) -> None:
         super().__init__()

@@ -22,6 +22,7 @@ import redis
 from compileq._log import warn_once
 from compileq.fingerprint import cpp_toolchain
 from compileq.hooks.feature import Context, Feature
+from compileq.hooks.targets import Target
 from compileq.scheduler import boundary, roundtrip
 from compileq.scheduler.client import KernelClient
 from compileq.scheduler.fallback import Fallback
@@ -36,6 +37,11 @@ class CppFanout(Feature):
     """Send a C++ object that misses the store to a worker (``cpp_cache`` asks)."""
 
     name = "cpp-fanout"
+    # What a C++ job is made of (tasks/cpp_jobs.py); ``_precompiling`` is read where it is set.
+    targets = (
+        Target("torch._inductor.cpp_builder", "CppBuilder.get_target_file_path"),
+        Target("torch._inductor.cpp_builder", "CppBuilder.get_command_line"),
+    )
 
     def wanted(self, ctx: Context) -> bool:
         return ctx.settings.graph_cache and ctx.settings.cpp_fanout

@@ -55,6 +55,7 @@ from compileq._log import log, warn_once
 from compileq.cache.counters import Counter
 from compileq.errors import CompileqError
 from compileq.hooks.feature import Context, Feature
+from compileq.hooks.targets import Target
 from compileq.scheduler import boundary
 
 KIND = "dynamo-pgo"
@@ -68,6 +69,12 @@ class DynamicProfile(Feature):
 
     name = "dynamic-profile"
     without = "a new machine compiles a frame static, then again dynamic, as stock does"
+    # CodeId.make (closures hashed alike) and format_cache_key are used where torch has them.
+    targets = (
+        Target(_PGO, "get_cache_key"),
+        Target(_PGO, "get_remote_cache"),
+        Target(_PGO, "CodeId.make", optional=True),  # wrapped where it keys closures
+    )
 
     def wanted(self, ctx: Context) -> bool:
         return ctx.settings.graph_cache and ctx.settings.dynamic_profile and not ctx.in_worker

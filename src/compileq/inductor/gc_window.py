@@ -39,6 +39,9 @@ from typing import Any
 
 from compileq._log import log
 from compileq.hooks.feature import Context, Feature
+from compileq.hooks.targets import Target
+
+_CALLBACK = "torch._dynamo.callback"
 
 
 class GcWindow(Feature):
@@ -47,6 +50,14 @@ class GcWindow(Feature):
     No attribute of torch is replaced: the window is two callbacks on Dynamo's handler."""
 
     name = "gc-window"
+    # register_start_callback is looked for by start(), which leaves the window off without it.
+    targets = (
+        Target(_CALLBACK, "callback_handler.register_end_callback"),
+        Target(_CALLBACK, "callback_handler.start_callbacks"),
+        Target(_CALLBACK, "callback_handler.end_callbacks"),
+        Target(_CALLBACK, "callback_handler.remove_start_callback"),
+        Target(_CALLBACK, "callback_handler.remove_end_callback"),
+    )
 
     def __init__(self) -> None:
         super().__init__()

@@ -32,6 +32,7 @@ from compileq.cache.store import Entry, RedisStore
 from compileq.errors import CompileqError
 from compileq.fingerprint import host_identity
 from compileq.hooks.feature import Context, Feature
+from compileq.hooks.targets import Target
 from compileq.scheduler import boundary, outage, remote_mark
 from compileq.scheduler.leases import Leases
 from compileq.scheduler.progress import progress
@@ -208,6 +209,7 @@ _CONFIG = (
     ("torch._functorch.config", "enable_remote_autograd_cache"),
 )
 _COMPILE_FX = "torch._inductor.compile_fx"
+_REMOTE_CACHE = "torch._inductor.remote_cache"
 
 
 class GraphCache(Feature):
@@ -215,6 +217,19 @@ class GraphCache(Feature):
     compile however it ends."""
 
     name = "graph-cache"
+    # Each of _OVERRIDES' caches and _CONFIG's flags is set only where this torch has it.
+    targets = (
+        Target(_REMOTE_CACHE, "RemoteCache.backend_override_cls"),
+        Target(_REMOTE_CACHE, "RemoteCacheBackend._get", ("self", "key")),
+        Target(_REMOTE_CACHE, "RemoteCacheBackend._put", ("self", "key", "data")),
+        Target(_COMPILE_FX, "_compile_fx_inner"),
+        # Set where this torch has them: each a cache (or its switch) compileq serves.
+        *(
+            Target(_REMOTE_CACHE, f"{name}.backend_override_cls", optional=True)
+            for name in _OVERRIDES
+        ),
+        *(Target(module, attr, optional=True) for module, attr in _CONFIG),
+    )
 
     def __init__(self) -> None:
         super().__init__()

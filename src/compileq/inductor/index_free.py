@@ -36,6 +36,7 @@ from typing import Any
 
 from compileq._log import log
 from compileq.hooks.feature import Context, Feature
+from compileq.hooks.targets import Target
 from compileq.inductor import bundled_kernels
 from compileq.tasks import device_index
 
@@ -84,6 +85,19 @@ class IndexFree(Feature):
 
     name = "index-free"
     without = "cache entries stay one per GPU index"
+    targets = (
+        Target(_CODECACHE, "compiled_fx_graph_hash", ("gm", "example_inputs")),
+        Target(_CODECACHE, "FxGraphCachePickler.__init__", ("self", "gm")),
+        Target(_CODECACHE, "FxGraphCache._save_graph", ("key", "compiled_graph", "example_inputs")),
+        Target(_CODECACHE, "FxGraphCache._lookup_graph", ("key", "example_inputs")),
+        Target(_CODECACHE, "FxGraphCache.cache_hit_post_compile", ("graph",)),
+        Target(_CODECACHE, "PyCodeCache.write", ("cls", "source_code")),
+        Target(_OUTPUT_CODE, "CompiledFxGraph.prepare_for_serialization", ("self",)),
+        # Its first two parameters are (gm, example_inputs) in 2.11, (mod, example_inputs) since.
+        Target(_AOT_CACHE, "autograd_cache_key"),
+        Target(_AOT_CACHE, "AOTAutogradCache.save", ("key", "entry")),
+        Target("torch._inductor.async_compile", "CompiledTritonKernels.key", ("kernel_src",)),
+    )
 
     def wanted(self, ctx: Context) -> bool:
         settings = ctx.settings
@@ -296,6 +310,7 @@ def _pickler_init(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _save_graph(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
     def save_graph(key: str, compiled_graph: Any, example_inputs: Any, *args: Any) -> Any:
         if not marked(key):
             return original(key, compiled_graph, example_inputs, *args)
@@ -329,6 +344,7 @@ def _for_storage(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _lookup_graph(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
     def lookup_graph(key: str, example_inputs: Any, *args: Any, **kwargs: Any) -> Any:
         if not marked(key):
             return original(key, example_inputs, *args, **kwargs)
@@ -353,6 +369,7 @@ def _lookup_graph(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _hit_post_compile(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
     def cache_hit_post_compile(graph: Any, *args: Any, **kwargs: Any) -> Any:
         load = _loading.get()
         if load is not None:
@@ -367,6 +384,7 @@ def _hit_post_compile(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _aot_save(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
     def save(key: str, entry: Any, *args: Any, **kwargs: Any) -> Any:
         if marked(key) and not _loads_anywhere(entry):
             log.debug("compileq: AOTAutograd entry %s not stored: it names another GPU", key)

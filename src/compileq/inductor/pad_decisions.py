@@ -41,6 +41,7 @@ from compileq._log import log, warn_once
 from compileq.cache.counters import Counter
 from compileq.errors import CompileqError
 from compileq.hooks.feature import Context, Feature
+from compileq.hooks.targets import Target
 from compileq.scheduler import boundary
 
 KIND = "pad-mm"
@@ -55,6 +56,11 @@ class PadDecisions(Feature):
 
     name = "pad-decisions"
     without = "each process times matmul padding itself, as stock does"
+    targets = (
+        Target(_PAD_MM, "get_cached_should_pad", ("key",)),
+        Target(_PAD_MM, "set_cached_should_pad", ("key", "value")),
+        Target(_PAD_MM, "is_padded_faster", ("key", "ori_time", "pad_time")),
+    )
 
     def wanted(self, ctx: Context) -> bool:
         return ctx.settings.graph_cache and not ctx.in_worker

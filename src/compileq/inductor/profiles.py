@@ -65,6 +65,7 @@ from compileq import keys
 from compileq._log import log, warn_once
 from compileq.early_settings import env_flag, env_text
 from compileq.hooks.feature import Context, Feature
+from compileq.hooks.targets import Target
 
 PROFILE = "profile"
 #: The longest the first compile waits for a fetch still under way; then it goes on without.
@@ -178,6 +179,14 @@ class Profiles(Feature):
     client: a worker's codegen belongs to no job)."""
 
     name = "profiles"
+    # merge() reads the Mega-Cache's internals, and saves this process's profile alone
+    # where they moved.
+    targets = (
+        Target("torch._inductor.compile_fx", "compile_fx"),
+        Target("torch.compiler", "load_cache_artifacts", ("serialized_artifacts",)),
+        Target("torch.compiler", "save_cache_artifacts"),
+        Target("torch._dynamo.utils", "counters"),
+    )
 
     def __init__(self) -> None:
         super().__init__()

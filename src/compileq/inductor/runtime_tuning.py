@@ -54,12 +54,14 @@ from compileq._log import log, warn_once
 from compileq.cache.counters import Counter
 from compileq.errors import CompileqError
 from compileq.hooks.feature import Context, Feature
+from compileq.hooks.targets import Target
 from compileq.scheduler import boundary
 
 KIND = "runtime-tune"
 #: Bump when the payload format or key derivation changes: old entries then simply miss.
 FORMAT = 1
 _HEURISTICS = "torch._inductor.runtime.triton_heuristics"
+_RUNTIME = "torch._inductor.runtime"
 #: ``inductor_meta`` keys that name a process, a machine or a cache setting, not a kernel.
 _VOLATILE = frozenset(
     {
@@ -187,6 +189,16 @@ class RuntimeTuning(Feature):
 
     name = "runtime-tuning"
     without = "kernels time their configs at first launch as stock does"
+    targets = (
+        Target(_HEURISTICS, "CachingAutotuner.benchmark_all_configs", ("self",)),
+        Target(_HEURISTICS, "CachingAutotuner.coordinate_descent_tuning", ("self", "launcher")),
+        Target(f"{_RUNTIME}.runtime_utils", "triton_config_to_hashable", ("cfg",)),
+        Target(
+            f"{_RUNTIME}.coordinate_descent_tuner",
+            "CoordescTuner.cache_benchmark_result",
+            ("self", "config", "timing"),
+        ),
+    )
 
     def __init__(self) -> None:
         super().__init__()

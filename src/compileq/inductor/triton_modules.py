@@ -34,10 +34,12 @@ from compileq.cache.counters import Counter
 from compileq.cache.store import RedisStore
 from compileq.errors import CompileqError
 from compileq.hooks.feature import Context, Feature
+from compileq.hooks.targets import Target
 from compileq.inductor import triton_binaries
 from compileq.scheduler import boundary
 
 KIND = "triton-so"
+_CACHE = "triton.runtime.cache"
 
 
 def module_key(cache_key: str, filename: str) -> str:
@@ -158,6 +160,15 @@ class TritonModules(Feature):
     ``knobs.cache.manager_class``)."""
 
     name = "triton-modules"
+    # Checked once Triton is imported (a Triton older than its knobs is left as it is).
+    targets = (
+        Target("triton.knobs", "cache.manager_class"),
+        Target(_CACHE, "FileCacheManager.__init__", ("self", "key", "override", "dump")),
+        Target(_CACHE, "FileCacheManager.get_file", ("self", "filename")),
+        Target(_CACHE, "FileCacheManager.put", ("self", "data", "filename", "binary")),
+        Target(_CACHE, "FileCacheManager.get_group", ("self", "filename")),
+        Target(_CACHE, "FileCacheManager.put_group", ("self", "filename", "group")),
+    )
 
     def __init__(self) -> None:
         super().__init__()

@@ -57,7 +57,7 @@ def run(
 ) -> list[Check]:
     """Every check, in order. ``source``: where the cache Redis's URL came from (the flag,
     the variable or the default), named in its line."""
-    checks: list[Check] = []
+    checks: list[Check] = [_features_check(settings)]
     cache = _redis_check(
         checks, "cache redis", settings.redis_url, settings, keys.DOCTOR, f"from {source}"
     )
@@ -114,6 +114,40 @@ def run(
     checks.append(_fallback_check(cache))
     checks.append(_runtime_tuning_check(cache))
     return checks
+
+
+# -- torch ------------------------------------------------------------------------------------
+
+
+def _features_check(settings: Settings) -> Check:
+    """compileq's features on this torch, as ``compileq run`` installs them: each target each
+    feature hooks imported and checked (``hooks/targets.py``). A feature whose target moved in
+    this release is off, and named; a release newer than the newest tested is said."""
+    from compileq import features
+    from compileq.hooks.targets import TESTED_TORCH, tested, torch_release
+
+    try:
+        states = features.survey(settings)
+        release = torch_release()
+    except Exception as e:  # torch itself missing or broken: jobs cannot compile at all
+        return Check("features", FAIL, f"torch does not import ({type(e).__name__}: {e})")
+    on = [s.name for s in states if s.on]
+    by_setting = [s.name for s in states if not s.on and not s.moved]
+    moved = [s for s in states if s.moved]
+    detail = f"torch {release}: {len(on)} of {len(states)} on" + (
+        f"; off by their settings: {', '.join(by_setting)}" if by_setting else ""
+    )
+    untested = "" if tested(release) else f"; newer than the newest tested ({TESTED_TORCH[-1]})"
+    if not moved:
+        return Check("features", OK if not untested else WARN, detail + untested, _UPGRADE)
+    shown = "; ".join(f"{s.name} off: this torch {s.why}" for s in moved)
+    return Check("features", WARN, f"{detail}; {shown}{untested}", _UPGRADE)
+
+
+_UPGRADE = (
+    "a feature whose target moved in this torch is off and its jobs build as stock there; "
+    "a newer compileq may support it (docs/RELEASES.md lists what is tested)"
+)
 
 
 # -- Redis ------------------------------------------------------------------------------------
