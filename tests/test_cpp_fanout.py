@@ -55,6 +55,17 @@ def objects_on(machine: Path) -> set[str]:
     return {p.name for p in (machine / "inductor").rglob("*.so")}
 
 
+def graph_objects(machine: Path) -> set[str]:
+    """The C++ objects of a graph's kernels in this "machine"'s cache dir, by name: each next
+    to the source it was built from, which is no vector-ISA probe's (``__<isa>_chk_kernel``)."""
+    return {
+        p.name
+        for p in (machine / "inductor").rglob("*.so")
+        if p.with_suffix(".cpp").is_file()
+        and "_chk_kernel" not in p.with_suffix(".cpp").read_text()
+    }
+
+
 def built_by_workers(client: redis.Redis) -> set[str]:
     """The C++ objects workers built since the cache was wiped, by name, as each worker
     recorded its build (``compileq stats``' slowest builds, at most ``SLOW_LEN``)."""
@@ -112,9 +123,12 @@ def test_with_fan_out_off_the_client_builds_its_cpp_objects_as_before(
     assert result == {**result, "matches_eager": True, "compileq": True}
     counters = stats(env, tmp_path)
     assert counters.get("cpp_remote_compiles", 0) == 0 and not built_by_workers(clean_cache)
-    # More local compiles than vector-ISA probes that compiled: the graphs' own objects too.
-    compiled_probes = isa_verdicts(clean_cache, settings).count(b"1")
-    assert counters["cpp_local_compiles"] > compiled_probes
+    # Every object of the graphs' own kernels in its dir was built here. Counted by what each
+    # object is, not against the vector-ISA verdicts in the store: the started worker probed
+    # as many ISAs as its CPU has (10 on an AVX-512 + AMX Xeon), which the client's count of
+    # its own builds (8 there) need not exceed on every x86-64 CPU.
+    kernels = graph_objects(tmp_path / "client")
+    assert kernels and counters["cpp_local_compiles"] >= len(kernels), (kernels, counters)
     assert precompiled_headers(tmp_path / "client")  # its own builds read it
 
 
