@@ -17,7 +17,7 @@ import torch
 from compileq import keys
 from compileq.localstack import RedisServer
 from tests.conftest import Env, Worker, start_worker, stats, stop_worker, wipe_cache
-from tests.test_fx_remote import COMPILES, POSITIONS, run_client
+from tests.test_fx_remote import CLIENTS, COMPILES, POSITIONS, run_client
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -71,3 +71,17 @@ def test_a_gpu_worker_serves_the_fx_queues_of_its_gpu(
     client: redis.Redis = redis_server.client()
     live = [k.decode() for k in client.scan_iter(match=keys.WORKERS + "compileq.fx.*cuda-*")]
     assert live, gpu_worker.log.read_text()[-3000:]
+
+
+def test_a_layernorm_backward_fused_as_a_mix_order_reduction_is_generated_on_the_worker(
+    env: Env, gpu_worker: Worker, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    # timm's convnext_tiny: the worker's codegen read the poisoned V.interpreter and the
+    # backward compiled again in the client (workers/fx_input.py).
+    wipe_cache(redis_server.client())
+    run = run_client(env, tmp_path, "first", CLIENTS / "layernorm_rows.py", args=("cuda",))
+    assert run.result == {**run.result, "matches_eager": True, "compileq": True}
+    counters = stats(env, tmp_path)
+    assert counters["fx_remote_compiles"] == 2, gpu_worker.log.read_text()[-3000:]
+    assert counters["fx_local_compiles"] == 0 and counters["fallbacks"] == 0, run.stderr[-3000:]
+    assert "poisoned" not in gpu_worker.log.read_text()

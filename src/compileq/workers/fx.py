@@ -114,8 +114,10 @@ def generate(ctx: WorkerContext, job: FxJob, laps: Laps, key: str) -> tuple[byte
     longest of Inductor's own phases in it. A forward's output strides are stored for its
     client as soon as it is lowered (``fx_lowered``)."""
     import torch
-    from torch._inductor.compile_fx_ext import _OutOfProcessFxCompile, _WireProtocolPickledInput
+    from torch._inductor.compile_fx_ext import _OutOfProcessFxCompile
     from torch._inductor.utils import clear_caches
+
+    from compileq.workers.fx_input import ClientsInput
 
     _install_in_this_process(ctx)
     laps.lap("set-up")
@@ -137,7 +139,7 @@ def generate(ctx: WorkerContext, job: FxJob, laps: Laps, key: str) -> tuple[byte
         fx_debug.profiled(ctx.settings.codegen_profile_dir, key),
         fx_debug.dumped(ctx.settings.codegen_dump_dir, key, job),
     ):
-        output = _OutOfProcessFxCompile._run_in_child(_WireProtocolPickledInput(job.pickled_input))
+        output = _OutOfProcessFxCompile._run_in_child(ClientsInput(job.pickled_input))
     laps.lap("codegen")
     phases = _inductor_phases(before)
     within = (lowered.describe(), phases, collected.describe())
@@ -236,7 +238,22 @@ def _install_in_this_process(ctx: WorkerContext) -> None:
     from compileq.features import install
 
     install(ctx.settings, fx=False, on_worker=ctx.fx_slots.sibling_free)
+    _deprecated_config_said()
     _installed_pid = os.getpid()
+
+
+def _deprecated_config_said() -> None:
+    """Inductor's deprecated config keys (2.15: ``use_mixed_mm``, ``mixed_mm_choice``) marked
+    as warned about in this process. The job carries every key of the client's config
+    (``save_config_portable``), the child side sets them all (``config.patch``), which warns
+    once per deprecated key, and it records its warnings for the client to replay: every
+    client printed two FutureWarnings for keys nobody had set. The rejected alternative,
+    dropping those keys from the job, would edit Inductor's pickled input."""
+    from torch._inductor import config
+
+    for entry in getattr(config, "_config", {}).values():
+        if getattr(entry, "deprecated", False):
+            entry._deprecation_warned = True
 
 
 @contextlib.contextmanager
