@@ -1,26 +1,33 @@
 # One-command set-up on a fresh Debian/Ubuntu machine: `make demo` and `make test` install what
-# is missing (Debian's redis-server, a virtualenv with torch 2.13 CPU, Triton, compileq) first.
+# is missing (Debian's redis-server, a virtualenv with torch, Triton, compileq) first.
 # The distribution's Python where there is one: Debian's and Ubuntu's are built with PGO and LTO.
 # A pyenv or source build is not unless asked (--enable-optimizations), and the suite is two-thirds
 # Python importing and tracing torch: on the 2-core CI machine Debian's 3.11 took 16-18% less
 # CPU than pyenv's 3.11.7 to import Inductor (7.1 s against 8.6) and to trace a 12-layer model.
-# torch 2.13 needs 3.10 or newer: an older system Python leaves the choice to PATH.
+# torch needs 3.10 or newer: an older system Python leaves the choice to PATH.
 PYTHON ?= $(shell /usr/bin/python3 -c 'import sys; assert sys.version_info >= (3, 10)' 2>/dev/null \
 	&& echo /usr/bin/python3 || echo python3)
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# The torch a new user's `pip install torch` gets today: the newest release compileq is tested
+# on (src/compileq/hooks/targets.py TESTED_TORCH). `TORCH=2.13.0` or the like picks another;
+# PyPI's build is CUDA's (it runs on a CPU), except 2.13.0's CPU build where it lies on disk.
+TORCH  ?= 2.15.0
+# The releases `make test-releases` runs the smoke set on (the whole suite runs on $(TORCH)).
+RELEASES ?= 2.11.0 2.12.1 2.13.0 2.14.1
 
-.PHONY: setup redis docker demo test ci-local test-all lint bench bench-hit reliability load chaos clean
+.PHONY: setup redis docker demo test test-releases ci-local test-all lint bench bench-hit reliability load chaos zoo clean
 
-$(VENV)/.installed: pyproject.toml
+# One stamp per torch release: `make setup TORCH=...` on a venv made for another installs it.
+$(VENV)/.installed-$(TORCH): pyproject.toml
 	@# Debian splits venv (ensurepip) and the headers Inductor's C++ kernels include off python3.
 	@$(PYTHON) -c 'import ensurepip, os, sysconfig; assert os.path.isfile(os.path.join(sysconfig.get_paths()["include"], "Python.h"))' 2>/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq python3-venv python3-dev; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# Pinned: the CPU build of 2.13.0; an open range would pull a multi-GB CUDA build.
-	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q torch==$(TORCH)
 	$(PY) -m pip install -q -e '.[cross,dev]'
+	rm -f $(VENV)/.installed-*
 	touch $@
 
 redis:
@@ -28,7 +35,7 @@ redis:
 	@# `ip netns` makes the partition test's private network (tests/test_partition.py).
 	@command -v ip >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq iproute2; }
 
-setup: $(VENV)/.installed redis
+setup: $(VENV)/.installed-$(TORCH) redis
 
 # The compose stack's test needs a Docker engine: Debian's docker.io (+ docker-compose where the v2
 # plugin is missing, debootstrap for the base image), and dockerd started by hand where no init
@@ -87,6 +94,17 @@ PYTEST := $(PY) -m pytest -q --durations=30 -n $(TEST_PROCESSES) --dist loadscop
 test: setup docker
 	$(VENV)/bin/lint-imports --no-logo
 	$(PYTEST)
+
+# The release smoke set (pyproject's `release` marker: the local cluster, a Triton manifest
+# cross-compiled for sm_90, FX graphs on a worker, a DDP job, FSDP2 per block, the demo, and
+# every feature's targets in Inductor) on each older release, each in a venv of its own
+# (.venv-torch-X, kept for the next run). `.ci/run` runs it after `make test`.
+test-releases: redis
+	set -e; for t in $(RELEASES); do \
+	  $(MAKE) --no-print-directory setup VENV=.venv-torch-$$t TORCH=$$t; \
+	  echo "== torch $$t: the release smoke set"; \
+	  .venv-torch-$$t/bin/python -m pytest -q -n $(TEST_PROCESSES) --dist loadscope -m release; \
+	done
 
 # CI as CI runs it: `.ci/run` in a clean clone of HEAD, its venv set up from nothing, so a
 # package installed here by hand cannot hide one that pyproject.toml does not name (psutil,

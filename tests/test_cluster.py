@@ -46,6 +46,7 @@ def artifact_keys(client: redis.Redis) -> list[bytes]:
     return sorted(client.scan_iter(match=keys.artifact("triton", "") + "*"))
 
 
+@pytest.mark.release
 def test_kernels_compile_on_the_worker_into_real_cubins(
     env: Env, worker: Worker, empty_cache: redis.Redis, tmp_path: Path, settings: Settings
 ) -> None:
@@ -69,6 +70,7 @@ def test_kernels_compile_on_the_worker_into_real_cubins(
             assert (struct.unpack_from("<I", cubin, 48)[0] >> 8) & 0xFF == 90
 
 
+@pytest.mark.release
 def test_a_new_machine_gets_every_kernel_from_the_cache_and_compiles_nothing(
     env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
 ) -> None:

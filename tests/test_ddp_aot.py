@@ -48,6 +48,7 @@ def cold(
     return cold_job(env, redis_server.client(), tmp, "cold", LLAMA, *DDP, nproc=2)
 
 
+@pytest.mark.release
 def test_a_cold_ddp_job_generates_each_subgraph_once_on_the_worker_with_its_codegens_overlapping(
     env: Env, cold: ColdJob, clean_cache: redis.Redis, tmp_path: Path
 ) -> None:
@@ -75,6 +76,7 @@ def test_a_cold_ddp_job_generates_each_subgraph_once_on_the_worker_with_its_code
     assert overlapping(fx_builds(env, tmp_path)) >= graphs // 2
 
 
+@pytest.mark.release
 def test_a_ddp_job_on_new_machines_loads_every_subgraph_traces_none_and_compiles_nothing(
     env: Env, cold: ColdJob, clean_cache: redis.Redis, tmp_path: Path
 ) -> None:

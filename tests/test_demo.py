@@ -11,6 +11,7 @@ from compileq.demo import COLD, NEW, STOCK, render
 from tests.conftest import Env, compileq_cmd
 
 
+@pytest.mark.release
 def test_the_demo_serves_the_second_run_from_the_cache(env: Env) -> None:
     vars_ = env.vars()
     del vars_["COMPILEQ_REDIS_URL"]  # the embedded default: its own redis-server and worker

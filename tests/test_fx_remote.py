@@ -86,6 +86,7 @@ def two_machines(
     return TwoMachines(first, after_first, second, stats(env, tmp))
 
 
+@pytest.mark.release
 def test_a_model_compiled_through_a_worker_matches_eager_forward_and_backward(
     two_machines: TwoMachines,
 ) -> None:
@@ -139,6 +140,7 @@ def test_a_codegen_profile_is_written_under_the_graphs_key_and_reads_as_one(
     assert "<genexpr>" in names
 
 
+@pytest.mark.release
 def test_a_new_machine_gets_graphs_and_cpp_kernels_and_compiles_nothing_anywhere(
     two_machines: TwoMachines,
 ) -> None:

@@ -159,6 +159,7 @@ def local(tmp_path: Path) -> Iterator[Local]:
     machine.cli("stop", check=False)
 
 
+@pytest.mark.release
 def test_a_script_run_with_no_settings_has_its_graphs_generated_by_a_local_worker_and_hit_next_time(
     local: Local,
 ) -> None:

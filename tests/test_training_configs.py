@@ -52,8 +52,16 @@ SLOW = {
 }
 
 
+#: The cell `make test-releases` runs on every older release (pyproject's `release` marker).
+RELEASE = frozenset(("fsdp2 per block",))
+
+
 @pytest.mark.parametrize(
-    "config", [*CONFIGS, *(pytest.param(c, marks=pytest.mark.slow) for c in SLOW)]
+    "config",
+    [
+        *(pytest.param(c, marks=pytest.mark.release) if c in RELEASE else c for c in CONFIGS),
+        *(pytest.param(c, marks=pytest.mark.slow) for c in SLOW),
+    ],
 )
 def test_a_new_machine_generates_nothing_in_the_training_configuration(
     config: str, env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
