@@ -17,7 +17,7 @@ TORCH  ?= 2.15.0
 # The releases `make test-releases` runs the smoke set on (the whole suite runs on $(TORCH)).
 RELEASES ?= 2.11.0 2.12.1 2.13.0 2.14.1
 
-.PHONY: setup redis docker demo test test-releases ci-local test-all lint bench bench-hit reliability load chaos zoo clean
+.PHONY: setup redis docker demo test test-releases zoo zoo-setup ci-local test-all lint bench bench-hit reliability load chaos clean
 
 # One stamp per torch release: `make setup TORCH=...` on a venv made for another installs it.
 $(VENV)/.installed-$(TORCH): pyproject.toml
@@ -91,9 +91,29 @@ demo: setup
 # suite in one process.
 TEST_PROCESSES ?= 2
 PYTEST := $(PY) -m pytest -q --durations=30 -n $(TEST_PROCESSES) --dist loadscope
-test: setup docker
+test: setup docker zoo-setup
 	$(VENV)/bin/lint-imports --no-logo
 	$(PYTEST)
+	@# The zoo's CPU subset needs timm, so torchvision, so the torch release it is built for.
+	COMPILEQ_TEST_ZOO=1 $(ZOO_VENV)/bin/python -m pytest -q -n $(TEST_PROCESSES) --dist loadscope -m zoo tests/test_zoo.py
+
+# The zoo's venv: timm imports torchvision, whose newest release (0.29) is built for torch
+# 2.14, not 2.15 ("operator torchvision::nms does not exist"); the same venv serves
+# `make test-releases` on 2.14.1.
+ZOO_TORCH ?= 2.14.1
+ZOO_TORCHVISION ?= 0.29.1
+ZOO_VENV := .venv-torch-$(ZOO_TORCH)
+$(ZOO_VENV)/.zoo-installed: pyproject.toml
+	$(MAKE) --no-print-directory setup VENV=$(ZOO_VENV) TORCH=$(ZOO_TORCH)
+	$(ZOO_VENV)/bin/python -m pip install -q torch==$(ZOO_TORCH) torchvision==$(ZOO_TORCHVISION) -e '.[cross,dev,zoo,bench]'
+	touch $@
+zoo-setup: $(ZOO_VENV)/.zoo-installed redis
+
+# The whole CPU zoo at tiny sizes (hours on 2 cores): results kept per model in ZOO_OUT,
+# so a run stopped early goes on where it stopped; the table and chart rendered each time.
+ZOO_OUT ?= docs/bench/zoo-cpu
+zoo: zoo-setup
+	$(ZOO_VENV)/bin/python -m bench zoo --size tiny --out $(ZOO_OUT)
 
 # The release smoke set (pyproject's `release` marker: the local cluster, a Triton manifest
 # cross-compiled for sm_90, FX graphs on a worker, a DDP job, FSDP2 per block, the demo, and

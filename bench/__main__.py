@@ -7,6 +7,7 @@
     python -m bench --scenarios first --workloads mlp --reps 1 --only compileq --out b
     python -m bench.report a/results.json b/results.json   # the two halves, one table
     python -m bench matrix                            # every training configuration (two GPUs)
+    python -m bench zoo                               # PyTorch's own benchmark models
 
 The halves are for a workload whose repetition outlasts one device call (the max-autotune
 MLP's takes ~11 minutes on an H100): run them back to back on the same machine.
@@ -166,6 +167,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["zoo"]:  # PyTorch's own benchmark models (bench/zoo.py)
+        from bench import zoo
+
+        sys.exit(zoo.main(sys.argv[2:]))
     if sys.argv[1:2] == ["matrix"]:  # every training configuration (bench/matrix.py)
         from bench import matrix
 

@@ -238,8 +238,11 @@ def run_job(
         "ranks_steps_s": [r.get("steps_s", [r["first_step_s"]]) for r in ranks],
         "all_done_s": round(max(r["finished_at"] for r in ranks) - launched, 3),
         "distinct_graphs": ranks[0]["graphs"],
+        "device": ranks[0].get("device"),
         "codegens": delta.get("fx_remote_compiles", 0) + delta.get("fx_local_compiles", 0),
         "fallbacks": delta.get("fallbacks", 0),
+        # Graph codegens in the training process itself (a fallback's, or FX codegen off).
+        "fx_local_compiles": delta.get("fx_local_compiles", 0),
         # Kernels looked up one by one through compileq's pool (not inside an FX entry).
         "kernel_fetches": delta.get("kernel_hits", 0) + delta.get("kernel_misses", 0),
         "fx_hits": delta.get("fx_hits", 0),

@@ -19,7 +19,13 @@ The training configurations of ``python -m bench matrix``:
 
 * ``--model``: ``script`` (the classes below, the default) or a library model built at random
   from its config, no download: ``hf-llama``, ``hf-gpt2`` (transformers), ``timm-resnet``,
-  ``timm-vit`` (timm; images and 100 classes instead of tokens);
+  ``timm-vit`` (timm; images and 100 classes instead of tokens); or any model of ``python -m
+  bench zoo``: ``timm:NAME`` (``timm.create_model``), ``hf:CLASS`` (a transformers class from
+  its config class), with ``--model-config JSON`` (keyword arguments of the model's config,
+  or of ``create_model``), ``--task`` (``lm``: a logit per token; ``seq2seq``: the tokens
+  also as the decoder's; ``cls``: a label per sequence; ``qa``: an answer's start and end
+  position per sequence; ``image``), ``--batch`` and ``--size``
+  (tokens, or the image's side);
 * ``--compile-blocks``: each block compiled (``Module.compile``) instead of the whole model,
   as torchtitan does under FSDP2;
 * ``--dynamic``: the sequence (or image) length changes at steps 1 and 2, so Dynamo compiles
@@ -183,7 +189,11 @@ def parse() -> argparse.Namespace:
     p.add_argument(
         "--mode", default=None, help="torch.compile's mode, e.g. max-autotune-no-cudagraphs"
     )
-    p.add_argument("--model", default="script", choices=sorted(MODELS))
+    p.add_argument("--model", default="script", help=f"{', '.join(MODELS)}, timm:NAME, hf:CLASS")
+    p.add_argument("--model-config", default="{}", help="a zoo model's config, as JSON")
+    p.add_argument("--task", default="lm", choices=("lm", "seq2seq", "cls", "qa", "image"))
+    p.add_argument("--batch", type=int, default=None, help="a zoo model's batch")
+    p.add_argument("--size", type=int, default=None, help="a zoo model's tokens or image side")
     p.add_argument(
         "--compile-blocks", action="store_true", help="compile each block, not the model"
     )
@@ -212,6 +222,8 @@ def parse() -> argparse.Namespace:
         "ran on a node of its own)",
     )
     args = p.parse_args()
+    if args.model not in MODELS and not args.model.startswith(("timm:", "hf:")):
+        p.error(f"--model {args.model}: not one of {', '.join(MODELS)}, timm:NAME or hf:CLASS")
     if args.model != "script" and (args.float32_rotary or args.sdpa_backend):
         p.error("--float32-rotary and --sdpa-backend shape the script's own model only")
     return args
@@ -222,10 +234,14 @@ class Workload:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.name, self.args = args.model, args
-        self.images = self.name.startswith("timm-")
+        self.zoo = self.name.startswith(("timm:", "hf:"))
+        self.task = "image" if self.name.startswith(("timm-", "timm:")) else args.task
+        self.images = self.task == "image"
 
     def build(self) -> nn.Module:
         width, layers = self.args.width, self.args.layers
+        if self.zoo:
+            return self.build_zoo(json.loads(self.args.model_config))
         if self.name == "script":
             return Llama(dim=width, layers=layers)
         if self.name == "hf-llama":
@@ -250,6 +266,21 @@ class Workload:
         arch = {"timm-resnet": "resnet26", "timm-vit": "vit_tiny_patch16_224"}[self.name]
         return timm.create_model(arch, pretrained=False, num_classes=100)
 
+    def build_zoo(self, config: dict[str, object]) -> nn.Module:
+        """A model of PyTorch's own benchmark suites (bench/zoo_models.py), at random init."""
+        suite, _, name = self.name.partition(":")
+        if suite == "timm":
+            import timm
+
+            return timm.create_model(name, pretrained=False, num_classes=100, **config)
+        import transformers
+
+        cls = getattr(transformers, name)
+        made = cls.config_class(**config)
+        if self.task == "cls":
+            made.num_labels, made.pad_token_id = 10, made.pad_token_id or 0
+        return cls(made)  # type: ignore[no-any-return]
+
     def blocks(self, model: nn.Module) -> list[nn.Module]:
         """The repeated units FSDP2 shards and ``--compile-blocks`` compiles one by one."""
         inner = getattr(model, "module", model)  # DDP's wrapper
@@ -267,13 +298,29 @@ class Workload:
         """Inputs and targets of a step; with ``--dynamic`` steps 1 and 2 have other lengths."""
         grow = step if self.args.dynamic and step < 3 else 0
         if self.images:
-            size = 224 if self.name == "timm-vit" else 128 + 32 * grow
-            images = torch.randn(8, 3, size, size, generator=generator)
-            return images, torch.randint(0, 100, (8,), generator=generator)
-        tokens = torch.randint(0, VOCAB, (4, 33 + 16 * grow), generator=generator)
+            size = self.args.size or (224 if self.name == "timm-vit" else 128 + 32 * grow)
+            batch = self.args.batch or 8
+            images = torch.randn(batch, 3, size, size, generator=generator)
+            return images, torch.randint(0, 100, (batch,), generator=generator)
+        batch, length = self.args.batch or 4, (self.args.size or 32) + 16 * grow
+        tokens = torch.randint(0, VOCAB, (batch, length + 1), generator=generator)
+        if self.task == "cls":
+            return tokens[:, :-1], torch.randint(0, 10, (batch,), generator=generator)
+        if self.task == "qa":  # the answer's start and end positions
+            return tokens[:, :-1], torch.randint(0, length, (2, batch), generator=generator)
         return tokens[:, :-1], tokens[:, 1:]
 
+    def forward(self, net: nn.Module, inputs: torch.Tensor) -> object:
+        if self.task == "seq2seq":  # an encoder-decoder: the tokens are the decoder's too
+            return net(input_ids=inputs, decoder_input_ids=inputs)
+        return net(inputs)
+
     def loss(self, out: object, targets: torch.Tensor) -> torch.Tensor:
+        if self.task == "qa":
+            starts, ends = getattr(out, "start_logits"), getattr(out, "end_logits")  # noqa: B009
+            return F.cross_entropy(starts.float(), targets[0]) + F.cross_entropy(
+                ends.float(), targets[1]
+            )
         logits = getattr(out, "logits", out)
         assert isinstance(logits, torch.Tensor)
         return F.cross_entropy(logits.float().flatten(0, -2), targets.flatten())
@@ -348,7 +395,7 @@ def main() -> None:
     ) -> float:
         inputs, targets = batch
         with autocast:
-            out = net(inputs)
+            out = workload.forward(net, inputs)
         loss = workload.loss(out, targets)
         loss.backward()
         fn(optimizer)

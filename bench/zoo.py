@@ -1,0 +1,419 @@
+"""The model zoo: every model of PyTorch's own Inductor benchmark suites (timm's and
+HuggingFace's model lists, ``bench/zoo_models.py``), a training step each, stock beside compileq
+in one invocation (``python -m bench zoo``).
+
+    python -m bench zoo [--models NAME,...] [--suites timm,hf] [--size tiny|gpu]
+                        [--runs eager,stock_cold,...] [--again] [--out DIR]
+    python -m bench.zoo --render DIR/zoo.json [more.json ...] [--out DIR] [--docs BENCHMARKS.md]
+
+Each model is ``examples/llama_script.py --model timm:NAME`` or ``hf:CLASS`` at random init
+(no download), in training mode: forward, backward, AdamW step, bf16 autocast on a GPU. Its
+runs are the matrix's (``bench/matrix.py``): ``eager``, ``stock_cold`` (stock's own Redis remote
+caches on, filling them), ``stock_warm_local``, ``stock_remote_new``, ``compileq_cold``,
+``compileq_new``, each a fresh process tree on fresh local dirs. A model whose eager run fails
+(a model the installed transformers or timm cannot build offline) is recorded as skipped, with
+the error's last line. Sizes: ``tiny`` (CPU: two layers, a small batch; a 2-core machine
+compiles each in under a minute), ``gpu`` (the suites' own batch sizes, fewer layers, so each
+compiles in 10-90 s on an H200).
+
+Results are kept per model in ``--out``/zoo.json, written after every run: a run cut short
+(a time limit, SIGTERM) keeps what it finished, and the next invocation with the same
+``--out`` goes on with the models and runs not done yet (``--again``: all of them again), so
+the whole zoo is many calls, one table. ``zoo.md`` and ``zoo.png`` are rendered at the end of
+every invocation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.ddp import run_job
+from bench.harness import ROOT, Cluster, new_workdir
+from bench.matrix import DEFAULT_RUNS, RUNS, TimeUp, _time_up, ready_s, step_s
+from bench.zoo_models import MODELS, ZooModel, extra, unlisted
+
+from compileq._files import write_atomically
+
+#: The issue's targets: every model at most stock (cold, and new machine against stock's warm
+#: local cache), and the zoo's medians below these.
+EVERY = {"cold": 1.0, "new/warm": 1.0}
+MEDIAN = {"cold": 0.6, "new/warm": 0.5, "new/remote": 0.4}
+
+
+def _save(out: Path, results: dict[str, Any]) -> None:
+    write_atomically(out / "zoo.json", json.dumps(results, indent=1).encode())
+
+
+def _load(out: Path) -> dict[str, Any]:
+    path = out / "zoo.json"
+    if not path.is_file():
+        return {"meta": {}, "models": {}}
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+def script_args(model: ZooModel, size: str, gpu: bool) -> list[str]:
+    """The training script's arguments for ``model``: on ``cuda:0`` with bf16 autocast where
+    there is a GPU (the script's own default is the CPU), three steps."""
+    return [*model.args(size), "--device", "cuda:0" if gpu else "cpu", "--steps", "3"]
+
+
+def run_model(
+    cluster: Cluster,
+    workdir: Path,
+    model: ZooModel,
+    size: str,
+    runs: list[str],
+    saved: Callable[[dict[str, Any]], None],
+) -> dict[str, Any]:
+    """Every run of ``runs`` for ``model``, in order, ``saved`` after each. All of them, also
+    where an earlier invocation finished some: a new machine's run means something only on
+    the cluster its cold run filled, and stock's warm runs only on its cold run's dirs and
+    remote caches."""
+    args = script_args(model, size, cluster.gpu)
+    cell: dict[str, Any] = {"suite": model.suite}
+    for name, mode, before, reuse in RUNS:
+        if name not in runs:
+            continue
+        if reuse is not None and "failed" in cell.get(reuse, {"failed": "not run"}):
+            continue  # stock_warm_local runs on stock_cold's dirs: there are none
+        if before in ("flush", "cold"):
+            cluster.flush()
+        if before == "cold":
+            cluster.wipe_worker_caches()
+        stem = model.name.replace("/", "-").replace(":", "-")  # a file name
+        tag = f"{stem}-{name}"
+        eager = ["--eager"] if name == "eager" else []
+        caches_of = f"{stem}-{reuse}" if reuse else None
+        started = time.monotonic()
+        try:
+            run = run_job(cluster, workdir, tag, 0, [*args, *eager], mode, caches_of)
+        except TimeUp:
+            raise
+        except SystemExit as failed:
+            cell[name] = {"failed": str(failed)[-2000:]}
+            print(f"{tag}: failed: {_last_line(str(failed))}", flush=True)
+            if name == "eager":  # nothing builds it here: said, and the rest not tried
+                cell["skipped"] = _last_line(str(failed))
+                saved(cell)
+                return cell
+        else:
+            run["ready_s"] = ready_s(run, "zoo")
+            run["step_s"] = step_s(run, "zoo")
+            run["wall_s"] = round(time.monotonic() - started, 1)
+            cell[name] = run
+            print(f"{tag}: first step {run['ready_s']} s", flush=True)
+        saved(cell)
+    return cell
+
+
+def complete(cell: dict[str, Any] | None, runs: list[str]) -> bool:
+    """Whether an earlier invocation finished this model: skipped, or every run done."""
+    if not cell:
+        return False
+    return "skipped" in cell or all(n in cell and "failed" not in cell[n] for n in runs)
+
+
+def _last_line(error: str) -> str:
+    lines = [line.strip() for line in error.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "failed"
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    parser = argparse.ArgumentParser(prog="python -m bench zoo", description=__doc__)
+    parser.add_argument("--models", default=None, help="these models only (names as listed)")
+    parser.add_argument("--suites", default="timm,hf")
+    parser.add_argument("--size", choices=("tiny", "gpu"), default=None, help="default: by device")
+    parser.add_argument("--runs", default=",".join(DEFAULT_RUNS))
+    parser.add_argument("--again", action="store_true", help="run models already done again")
+    parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "bench-out" / "zoo"))
+    args = parser.parse_args(argv)
+    gpu = torch.cuda.is_available()
+    size = args.size or ("gpu" if gpu else "tiny")
+    runs = args.runs.split(",")
+    if unknown := set(runs) - {name for name, *_ in RUNS}:
+        parser.error(f"unknown runs {sorted(unknown)}")
+    suites = set(args.suites.split(","))
+    chosen = [m for m in MODELS if m.suite in suites]
+    if args.models:
+        wanted = args.models.split(",")
+        listed = {m.name: m for m in MODELS}
+        if unknown := {w for w in wanted if w not in listed and not w.startswith(extra)}:
+            parser.error(
+                f"unknown models {sorted(unknown)}: a name of bench/zoo_models.py, or "
+                "timm:NAME or hf:CLASS for one of your own"
+            )
+        chosen = [listed[w] if w in listed else unlisted(w) for w in wanted]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = _load(out)
+    import triton
+
+    results["meta"] = {
+        "device": torch.cuda.get_device_name(0) if gpu else "CPU only",
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "size": size,
+        "date": time.strftime("%Y-%m-%d"),
+        "command": " ".join(["python -m bench zoo", *(argv if argv is not None else sys.argv[1:])]),
+    }
+    signal.signal(signal.SIGTERM, _time_up)
+    workdir = new_workdir()
+    cluster = Cluster(workdir, gpu=gpu).start()
+    try:
+        cluster.start_worker(None)
+        for model in chosen:
+            if not args.again and complete(results["models"].get(model.name), runs):
+                print(f"zoo: {model.name}: done in an earlier invocation", flush=True)
+                continue
+
+            def saved(cell: dict[str, Any], name: str = model.name) -> None:
+                results["models"][name] = cell
+                _save(out, results)
+
+            print(f"zoo: {model.name}", flush=True)
+            saved(run_model(cluster, workdir, model, size, runs, saved))
+    finally:
+        try:
+            cluster.close()
+        except Exception as gone:
+            print(f"closing the cluster: {gone!r}", file=sys.stderr)
+        with (out / "zoo-logs.txt").open("w") as joined:
+            for log in sorted(workdir.glob("*.log")):
+                text = log.read_text(errors="replace")
+                joined.write(f"==> {log.name} <==\n{text[-8000:]}\n")
+        write_atomically(out / "zoo.md", render([results]).encode())
+        chart([results], out / "zoo.png")
+    print((out / "zoo.md").read_text())
+    return 0
+
+
+# -- what a model's runs say -------------------------------------------------------------------
+
+
+def _ready(cell: dict[str, Any], name: str) -> float | None:
+    run = cell.get(name) or {}
+    value = run.get("ready_s")
+    return None if value is None else float(value)
+
+
+def ratios(cell: dict[str, Any]) -> dict[str, float | None]:
+    def ratio(a: str, b: str) -> float | None:
+        x, y = _ready(cell, a), _ready(cell, b)
+        return round(x / y, 2) if x is not None and y else None
+
+    return {
+        "cold": ratio("compileq_cold", "stock_cold"),
+        "new/warm": ratio("compileq_new", "stock_warm_local"),
+        "new/remote": ratio("compileq_new", "stock_remote_new"),
+    }
+
+
+def loss_gap(cell: dict[str, Any]) -> tuple[float, float] | None:
+    """compileq's largest loss difference from stock's cold run, over both compileq runs and
+    every step, and stock's own between its runs (its run-to-run spread); None where a run is
+    missing."""
+    stock = (cell.get("stock_cold") or {}).get("losses")
+    if not stock:
+        return None
+
+    def gap(name: str) -> float | None:
+        losses = (cell.get(name) or {}).get("losses")
+        if not losses:
+            return None
+        return max(abs(a - b) for a, b in zip(losses[0], stock[0], strict=False))
+
+    ours = [g for g in (gap("compileq_cold"), gap("compileq_new")) if g is not None]
+    spread = [g for g in (gap("stock_warm_local"), gap("stock_remote_new")) if g is not None]
+    if not ours:
+        return None
+    return max(ours), max(spread, default=0.0)
+
+
+def losses_agree(cell: dict[str, Any]) -> bool | None:
+    """Whether compileq's losses are within stock's spread (or a relative 1e-4 of the loss,
+    float sums in another order)."""
+    gaps = loss_gap(cell)
+    if gaps is None:
+        return None
+    stock = cell["stock_cold"]["losses"][0]
+    return gaps[0] <= max(gaps[1], 1e-4 * max(abs(x) for x in stock))
+
+
+def verdicts(cell: dict[str, Any]) -> dict[str, Any]:
+    """What the targets ask of one model: no fallback, no codegen in the training process, no
+    graph generated on a new machine, losses within stock's spread."""
+    cold, new = cell.get("compileq_cold") or {}, cell.get("compileq_new") or {}
+    return {
+        "fallbacks": cold.get("fallbacks", 0) + new.get("fallbacks", 0),
+        "in_process": cold.get("fx_local_compiles", 0) + new.get("fx_local_compiles", 0),
+        "generated_new": new.get("codegens"),
+        "losses_agree": losses_agree(cell),
+    }
+
+
+def _s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _x(value: float | None, goal: float) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.2f}" if value <= goal else f"**{value:.2f}**"
+
+
+def summary(files: list[dict[str, Any]]) -> dict[str, Any]:
+    """Over every model measured: how many, the medians of each ratio, and the misses."""
+    cells = _cells(files)
+    measured = {n: c for n, c in cells.items() if "skipped" not in c and ratios(c)["cold"]}
+    medians = {}
+    for label in MEDIAN:
+        values = [r for c in measured.values() if (r := ratios(c)[label]) is not None]
+        medians[label] = round(statistics.median(values), 2) if values else None
+    over = sorted(
+        n
+        for n, c in measured.items()
+        if any((r := ratios(c)[k]) is not None and r > EVERY[k] for k in EVERY)
+    )
+    unclean = sorted(
+        n
+        for n, c in measured.items()
+        if (v := verdicts(c))["fallbacks"] or v["in_process"] or v["generated_new"]
+        or v["losses_agree"] is False
+    )  # fmt: skip
+    return {
+        "models": len(cells),
+        "measured": len(measured),
+        "timm": sum(c.get("suite") == "timm" for c in measured.values()),
+        "hf": sum(c.get("suite") == "hf" for c in measured.values()),
+        "skipped": sorted(n for n, c in cells.items() if "skipped" in c),
+        "medians": medians,
+        "slower_than_stock": over,
+        "not_clean": unclean,
+    }
+
+
+def _cells(files: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    cells: dict[str, dict[str, Any]] = {}
+    for data in files:
+        cells.update(data["models"])
+    return cells
+
+
+def render(files: list[dict[str, Any]]) -> str:
+    """One markdown table over every model of every file (a later file's model wins)."""
+    cells = _cells(files)
+    s = summary(files)
+    med = s["medians"]
+    lines = [
+        f"{s['measured']} models measured ({s['timm']} timm, {s['hf']} HuggingFace), "
+        f"{len(s['skipped'])} skipped. Medians: cold {_s(med['cold'])}x of stock cold, new "
+        f"machine {_s(med['new/warm'])}x of stock warm local and {_s(med['new/remote'])}x of "
+        "stock remote (targets: 0.6, 0.5, 0.4). First step in seconds, each run a fresh process "
+        "on fresh local dirs; ratios in bold are slower than stock.",
+        "",
+        "| model | suite | eager | stock cold | cq cold | cold ratio | stock warm local "
+        "| stock remote new | cq new | new / warm | new / remote | fallbacks | in process "
+        "| generated new | losses within stock's spread | step ms stock / cq |",
+        "|---|" + "---|" * 15,
+    ]
+    for name, cell in sorted(cells.items()):
+        if "skipped" in cell:
+            lines.append(f"| {name} | {cell.get('suite', '-')} | skipped: {cell['skipped']} |")
+            continue
+        r, v = ratios(cell), verdicts(cell)
+        failed = [n for n, run in cell.items() if isinstance(run, dict) and "failed" in run]
+        agree = {True: "yes", False: "NO", None: "-"}[v["losses_agree"]]
+
+        def ms(run: str, cell: dict[str, Any] = cell) -> str:
+            step = (cell.get(run) or {}).get("step_s")
+            return "-" if step is None else f"{1000 * step:.1f}"
+
+        lines.append(
+            f"| {name} | {cell.get('suite', '-')} | {_s(_ready(cell, 'eager'))} "
+            f"| {_s(_ready(cell, 'stock_cold'))} | {_s(_ready(cell, 'compileq_cold'))} "
+            f"| {_x(r['cold'], EVERY['cold'])} | {_s(_ready(cell, 'stock_warm_local'))} "
+            f"| {_s(_ready(cell, 'stock_remote_new'))} | {_s(_ready(cell, 'compileq_new'))} "
+            f"| {_x(r['new/warm'], EVERY['new/warm'])} | {_s(r['new/remote'])} "
+            f"| {v['fallbacks']} | {v['in_process']} | {v['generated_new'] if v['generated_new'] is not None else '-'} "
+            f"| {agree}{' (failed: ' + ', '.join(failed) + ')' if failed else ''} "
+            f"| {ms('stock_warm_local')} / {ms('compileq_new')} |"
+        )
+    metas = sorted(
+        {
+            f"{m.get('device')}, torch {m.get('torch')}, triton {m.get('triton')}, "
+            f"{m.get('size')} sizes"
+            for m in (d["meta"] for d in files)
+            if m
+        }
+    )
+    lines += ["", "Measured on: " + "; ".join(metas) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def chart(files: list[dict[str, Any]], path: Path) -> bool:
+    """Each model's ratios, sorted, the targets drawn; False without matplotlib."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = {n: c for n, c in _cells(files).items() if ratios(c)["cold"] is not None}
+    if not cells:
+        return False
+    names = sorted(cells, key=lambda n: ratios(cells[n])["cold"] or 0.0)
+    fig, ax = plt.subplots(figsize=(max(8.0, 0.45 * len(names)), 4.8))
+    width = 0.4
+    for i, label in enumerate(("cold", "new/warm")):
+        values = [ratios(cells[n])[label] or 0.0 for n in names]
+        xs = [x + (i - 0.5) * width for x in range(len(names))]
+        bars = ax.bar(xs, values, width, label=f"compileq {label}")
+        color = bars.patches[0].get_facecolor() if bars.patches else "k"
+        ax.axhline(MEDIAN[label], ls="--", lw=1, color=color)
+    ax.axhline(1.0, color="gray", lw=1)
+    ax.set_xticks(range(len(names)), names, rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("compileq / stock (lower is better)")
+    ax.set_title(
+        "The zoo: first step, compileq against stock in the same run (median targets dashed)"
+    )
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def render_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.zoo --render")
+    parser.add_argument("files", nargs="+")
+    parser.add_argument("--out", default=None, help="zoo.md and zoo.png here")
+    args = parser.parse_args(argv)
+    files = [json.loads(Path(f).read_text()) for f in args.files]
+    table = render(files)
+    print(table)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "zoo.md").write_text(table)
+        chart(files, out / "zoo.png")
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--render"]:
+        raise SystemExit(render_main(sys.argv[2:]))
+    raise SystemExit(main())
