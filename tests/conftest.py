@@ -55,6 +55,7 @@ LONG_FIRST = (
     "test_broker",
     "test_stack",
     "test_fx_remote",
+    "test_fx_failures",
     "test_cluster",
     "test_local_cluster",
     "test_poisoning",
