@@ -78,6 +78,7 @@ LABELS = {
     "aot": "AOTAutograd",
     "autotune": "autotune results",
     "fxcode": "FX codegen a worker did",
+    "fxfail": "FX codegen failure verdict",
     "triton": "Triton kernel",
     "tune": "max-autotune candidate timing",
     "tunetable": "max-autotune GEMM table (every choice's time)",
@@ -93,6 +94,7 @@ LABELS = {
     "liveness": "worker liveness",
     "broker": "broker (kombu queues)",
     "doctor": "doctor's probes and records",
+    "verdicts": "index of FX codegen failure verdicts",
     UNCLASSIFIED: "not compileq's",
 }
 
@@ -111,6 +113,8 @@ _FIXED = (
     (keys.STATS, "counters"),  # also QUEUE_STATS and FALLBACK_REASONS, which extend it
     (keys.SLOW, "slow"),
     (keys.MISSES, "misses"),
+    # The index of FX codegen failure verdicts, spelt out as the Sentinel's records are.
+    (f"{keys.PREFIX}:fxfailures", "verdicts"),
     (keys.WORKER_REGISTRY, "liveness"),  # also WORKERS (its per-queue sets)
     (keys.WORKER_INFO, "liveness"),
 )

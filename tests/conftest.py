@@ -55,6 +55,7 @@ LONG_FIRST = (
     "test_broker",
     "test_stack",
     "test_fx_remote",
+    "test_fx_failures",
     "test_cluster",
     "test_local_cluster",
     "test_poisoning",
@@ -350,14 +351,14 @@ KEPT_VERDICTS = keys.artifact("isa", "").encode()
 
 
 def wipe_cache(client: redis.Redis, *, everything: bool = False) -> None:
-    """Drop artifacts, leases, jobs, counters and records; workers' heartbeats are kept, and
-    the CPU's vector-ISA verdicts unless ``everything`` (a test that counts every entry, or
-    needs a client to probe its CPU)."""
+    """Drop artifacts (graphs' failure verdicts and their index too), leases, jobs, counters
+    and records; workers' heartbeats are kept, and the CPU's vector-ISA verdicts unless
+    ``everything`` (a test that counts every entry, or needs a client to probe its CPU)."""
     for pattern in _CACHE_PATTERNS:
         for key in client.scan_iter(match=pattern + "*"):
             if everything or not key.startswith(KEPT_VERDICTS):
                 client.delete(key)
-    client.delete(keys.MISSES)
+    client.delete(keys.MISSES, keys.FX_FAILURES)
     # The same reset as `compileq stats --reset`, so a counter added there is wiped here too.
     reset_counters(client)
 
@@ -370,7 +371,7 @@ def snapshot_cache(client: redis.Redis) -> CacheSnapshot:
     """The cache's whole state (what wipe_cache drops), for restore_cache: a module's tests
     that each need the same cold job run it once, then each starts from what it left."""
     names = [k for p in (*_CACHE_PATTERNS, keys.SLOW) for k in client.scan_iter(match=p + "*")]
-    names += [k.encode() for k in (keys.MISSES, *COUNTER_KEYS)]
+    names += [k.encode() for k in (keys.MISSES, keys.FX_FAILURES, *COUNTER_KEYS)]
     snapshot: CacheSnapshot = {}
     for name in names:
         dumped, ttl = client.dump(name), client.pttl(name)

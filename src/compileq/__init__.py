@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
+from compileq._version import __version__
 
 
 def install(settings: Any = None, *, fx: bool | None = None) -> bool:

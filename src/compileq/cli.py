@@ -38,7 +38,7 @@ _FLAG_SETTINGS = (
 
 
 #: The commands that, with no cluster named, use the local cluster (compileq/local/).
-_LOCAL_COMMANDS = ("warm", "stats", "doctor", "explain")
+_LOCAL_COMMANDS = ("warm", "stats", "doctor", "explain", "forget-failures")
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -177,6 +177,19 @@ def cmd_stats(args: argparse.Namespace) -> int:
         reset_counters(store.client)
         if not args.json:  # JSON stays one object, the last line
             print("counters zeroed")
+    return 0
+
+
+def cmd_forget_failures(args: argparse.Namespace) -> int:
+    from compileq.cache import verdicts
+    from compileq.connect import redis_client
+
+    settings = _settings(args)
+    dropped = verdicts.forget(redis_client(settings.redis_url, settings))
+    print(
+        f"compileq: forgot {dropped} graph{'' if dropped == 1 else 's'} failing codegen on "
+        "workers; each goes to a worker again when next compiled"
+    )
     return 0
 
 
@@ -396,6 +409,19 @@ def _add_stats(sub: Sub) -> None:
     p.set_defaults(func=cmd_stats)
 
 
+def _add_forget_failures(sub: Sub) -> None:
+    p = _subcommand(
+        sub,
+        "forget-failures",
+        "send graphs whose codegen failed on a worker to workers again",
+        "A graph whose codegen failed on a worker compiles in process, in every process, until\n"
+        "its verdict expires ($COMPILEQ_FX_FAILURE_TTL_S); `compileq stats` lists them. Once\n"
+        "the cause is fixed (a module installed on the workers, a new torch), this drops them.",
+    )
+    _redis_flag(p)
+    p.set_defaults(func=cmd_forget_failures)
+
+
 def _add_doctor(sub: Sub) -> None:
     p = _subcommand(
         sub,
@@ -455,6 +481,7 @@ COMMANDS: list[Adder] = [
     _add_stats,
     _add_doctor,
     _add_explain,
+    _add_forget_failures,
 ]
 
 

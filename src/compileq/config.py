@@ -165,6 +165,15 @@ class Settings(BaseSettings):
         description="With fx: send a training graph's backward to the workers when AOTAutograd "
         "partitions it, beside its forward, not at its first backward call.",
     )
+    fx_failure_ttl_s: int = Field(
+        7 * 86400,
+        ge=0,
+        le=MAX_TTL_S,
+        description="With fx: how long the cluster remembers a graph whose codegen failed on a "
+        "worker; meanwhile every process compiles it in process at once, without another try "
+        "(see cache/verdicts.py). A week by default, so a cause that goes away heals; 0 "
+        "remembers none. Read by the workers, which write the verdicts.",
+    )
     defer_forwards: Flag = Field(
         True,
         description="With fx: under DDP, let each subgraph's forward compile go on while its "

@@ -35,6 +35,11 @@ META = f"{PREFIX}:meta:"
 SIBLINGS = f"{PREFIX}:siblings:"
 #: The last kernel misses' key material (JSON), newest first, capped.
 MISSES = f"{PREFIX}:misses"
+#: The graphs whose codegen failed on a worker (cache/verdicts.py): a capped sorted set of
+#: their verdicts' keys (``fx_failure``), scored by the time each was written. Only an index
+#: for ``compileq stats``, ``doctor`` and ``forget-failures``, which read and verify each
+#: verdict itself; a client never reads it.
+FX_FAILURES = f"{PREFIX}:fxfailures"
 #: Live workers per queue: sorted set of worker ids scored by Redis server time.
 WORKERS = f"{PREFIX}:workers:"
 #: Every worker by id, scored by Redis server time of its last beat: how readers find the
@@ -81,6 +86,14 @@ def early(key: str) -> str:
     for that job to act on (an FX forward's output strides, once its lowering fixed them:
     ``tasks/fx_strides.py``). An artifact of its own kind, keyed by the job's key."""
     return artifact("early", hashlib.sha256(key.encode()).hexdigest())
+
+
+def fx_failure(key: str, version: str) -> str:
+    """Where a worker remembers that the codegen of the graph whose job key is ``key`` failed
+    (cache/verdicts.py): an artifact of its own kind, keyed by the job's key (so by the graph,
+    its toolchain and target) and by compileq's ``version``, so that a new toolchain or a new
+    compileq misses the verdict and tries the graph again."""
+    return artifact("fxfail", hashlib.sha256(f"{key}\0{version}".encode()).hexdigest())
 
 
 def lock(key: str) -> str:

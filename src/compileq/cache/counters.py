@@ -30,6 +30,9 @@ class Counter(str, enum.Enum):
     FX_LOCAL_COMPILES = "fx_local_compiles"
     #: Backward graphs whose codegen job was sent when AOTAutograd partitioned them.
     FX_SENT_AHEAD = "fx_sent_ahead"
+    #: Graphs compiled in process at once, without a try on a worker, because a worker's
+    #: codegen of the same graph (same toolchain, same compileq) had failed (cache/verdicts.py).
+    FX_KNOWN_FAILURES = "fx_known_failures"
     #: Job profiles (inductor/profiles.py): loaded into the local caches, absent or late,
     #: refused (tampered, truncated, over the cap, unreadable), saved at exit.
     PROFILE_LOADS = "profile_loads"
@@ -114,6 +117,7 @@ class Reason(str, enum.Enum):
     REDIS = "redis"  # Redis failed or is down
     BROKER = "broker"  # the broker refused or could not be reached
     LOST = "lost"  # announced done, but the output was gone from the store
+    KNOWN_FAILURE = "known-failure"  # a worker's codegen of this graph failed before
     INTERNAL = "compileq-error"  # compileq's own code raised (see scheduler/boundary.py)
 
 

@@ -7,6 +7,9 @@ worker record that is unsigned, all read as absent (and are counted or named whe
 operator should know), never as a traceback. Worker records go through
 ``workers_seen.read_workers``: only those whose signature verifies are workers.
 
+The graphs the cluster remembers as failing codegen on workers (``cache/verdicts.py``) are
+read through their index and listed only if their verdicts verify, newest first.
+
 The default output is a short table like ``sccache --show-stats``, built from the same flat
 counters that ``--json`` carries (their names are a stable interface, read by scripts and
 tests). Rejected alternative: printing the flat counters by default (47 lines, zeros
@@ -15,13 +18,14 @@ included, hit rates for two kinds of six).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import redis
 
 from compileq import keys
-from compileq.cache import meta
+from compileq.cache import meta, verdicts
 from compileq.cache.counters import (
     Counter,
     read_counters,
@@ -36,6 +40,8 @@ if TYPE_CHECKING:
 
 #: How many of the slowest builds per kind ``compileq stats`` lists.
 TOP = 10
+#: How many of the graphs remembered as failing codegen on workers it names, the newest first.
+FAILURES_SHOWN = 5
 #: A heartbeat TTL for reading worker records when no settings are given (Settings' default).
 _DEFAULT_TTL_S = 15.0
 
@@ -151,6 +157,7 @@ def snapshot(store: RedisStore, settings: Settings | None = None) -> dict[str, A
     reasons = read_fallback_reasons(client)
     values["fallback_reasons"] = dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
     values["kinds"] = kind_rows(values)
+    values["fx_failures"] = fx_failures(store)
     values["store"] = {
         "entries": values["entries"],
         "bytes": values["bytes"],
@@ -171,6 +178,13 @@ def snapshot(store: RedisStore, settings: Settings | None = None) -> dict[str, A
     values["ignored_worker_records"] = seen.ignored
     values["wrong_type_keys"] = seen.wrong_type
     return values
+
+
+def fx_failures(store: RedisStore) -> dict[str, Any]:
+    """The graphs the cluster remembers as failing codegen on workers (``cache/verdicts.py``):
+    how many, and the newest ones' verdicts. Only verdicts that verify are counted."""
+    found = verdicts.remembered(store)
+    return {"remembered": len(found), "newest": [v.to_json() for v in found[:FAILURES_SHOWN]]}
 
 
 def usage(client: redis.Redis) -> tuple[int, int, int]:
@@ -379,8 +393,26 @@ def _summary(values: dict[str, Any]) -> list[str]:
         lines.append(f"fallbacks: {total}" + (f" ({listed})" if listed else ""))
     else:
         lines.append("fallbacks: none")
+    lines += _failure_lines(values.get("fx_failures") or {})
     lines.append("store: " + _store_line(values.get("store") or {}))
     lines += _worker_lines(values)
+    return lines
+
+
+def _failure_lines(failures: dict[str, Any]) -> list[str]:
+    """The graphs remembered as failing codegen on workers, if any: a line, and the newest."""
+    n = failures.get("remembered", 0)
+    if not n:
+        return []
+    lines = [
+        f"failing codegen on workers: {_plural(n, 'graph')}, compiled in process without "
+        "another try (`compileq forget-failures` to try again):"
+    ]
+    for row in failures.get("newest", []):
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["at"]))
+        lines.append(
+            f"  {row['error']} ({row['reason']}; worker {row['worker']}, {when}; {row['graph']})"
+        )
     return lines
 
 

@@ -208,10 +208,11 @@ class RedisStore(Store):
             return True
         return self._replace_if_bad(key, blob)
 
-    def replace(self, key: str, payload: bytes) -> None:
+    def replace(self, key: str, payload: bytes, ttl_s: int | None = None) -> None:
         """Store ``payload`` whatever the key holds: for entries that are not content-addressed
-        (a job's profile, replaced each time the job saves it)."""
-        self.client.set(key, self.seal(key, payload), ex=self._ttl)
+        (a job's profile, replaced each time the job saves it; a graph's failure verdict).
+        ``ttl_s``: its expiry, where not the store's own (``COMPILEQ_TTL_S``)."""
+        self.client.set(key, self.seal(key, payload), ex=ttl_s or self._ttl)
 
     def _replace_if_bad(self, key: str, blob: bytes) -> bool:
         """Put ``blob`` in place of whatever ``key`` holds that does not verify as ours, so no

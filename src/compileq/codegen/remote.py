@@ -15,7 +15,10 @@ Whatever stands in the way (a graph Inductor will not pickle, no live worker, Re
 broker down, the worker's compile failing, the deadline passing) the graph is compiled in this
 process by Inductor's own ``_InProcessFxCompile``, exactly as without compileq, and the reason
 is logged once. The client loading the output code then asks for its kernels again; the worker
-stored them under the same keys, so they are cache hits.
+stored them under the same keys, so they are cache hits. A graph whose codegen failed on a
+worker before (same graph, toolchain and compileq) is compiled in process at once, without
+another try: the worker left a verdict that the round trip reads with the output
+(``cache/verdicts.py``, ``known-failure``).
 
 Here: where a graph's job goes (``choose_route``), what travels with it besides the pickled
 graph (``forwarded_env``, ``codegen_state``), and how a fallback is counted (``fell_back``).
@@ -36,6 +39,7 @@ from typing import Any, cast
 import redis
 
 from compileq._log import log, warn_once
+from compileq.cache import verdicts
 from compileq.cache.counters import Counter, Reason, fallback
 from compileq.fingerprint import FxToolchain, Target, fx_target, local_fx_toolchain
 from compileq.hooks.feature import Context, Feature
@@ -91,13 +95,18 @@ def fell_back(error: Fallback) -> None:
     warn_once(f"fx-{error.topic}", "compileq: %s; compiling the graph in process", error)
     installed = client()
     if installed is not None and not installed.redis_down():
+        counts = {Counter.FALLBACKS: 1}
+        if error.reason is Reason.KNOWN_FAILURE:
+            counts[Counter.FX_KNOWN_FAILURES] = 1
         with contextlib.suppress(redis.RedisError):
-            installed.store.count({Counter.FALLBACKS: 1}, None, [fallback(error.reason)])
+            installed.store.count(counts, None, [fallback(error.reason)])
 
 
 def fx_job(route: Route, job: FxJob) -> roundtrip.Job:
-    """``job`` as the round trip sends it, to ``route``'s queue."""
-    return roundtrip.Job(roundtrip.FX, job.key(), route.queue, job.to_bytes)
+    """``job`` as the round trip sends it, to ``route``'s queue, with the key where a worker
+    whose codegen of the graph failed left its verdict (``cache/verdicts.py``)."""
+    key = job.key()
+    return roundtrip.Job(roundtrip.FX, key, route.queue, job.to_bytes, verdicts.key(key))
 
 
 # -- routing ----------------------------------------------------------------------------------

@@ -20,7 +20,9 @@ from redis.sentinel import MasterNotFoundError
 
 from compileq import keys
 from compileq._text import printable
+from compileq.cache import verdicts
 from compileq.cache.counters import Counter, Reason, read_counters, read_fallback_reasons
+from compileq.cache.store import RedisStore
 from compileq.cache.workers_seen import WorkersSeen, read_workers
 from compileq.config import Settings, redact
 from compileq.connect import redis_client
@@ -96,6 +98,7 @@ def run(
             "gpu pinning",
             "clock skew",
             "fallbacks",
+            "fx failures",
             "runtime tuning",
         ):
             checks.append(Check(name, WARN, "not checked: the cache Redis is out of reach"))
@@ -112,6 +115,7 @@ def run(
     checks.append(_pinning_check(workers))
     checks.append(_clock_check(cache, workers))
     checks.append(_fallback_check(cache))
+    checks.append(_fx_failures_check(cache, settings if secret is not None else None))
     checks.append(_runtime_tuning_check(cache))
     return checks
 
@@ -511,6 +515,8 @@ _FALLBACK_HINTS = {
     Reason.REDIS: "Redis failed or was down: see the cache redis check",
     Reason.BROKER: "the broker refused or could not be reached: see the broker redis check",
     Reason.LOST: "outputs were evicted before clients read them: give Redis more memory",
+    Reason.KNOWN_FAILURE: "graphs whose codegen failed on a worker before compile in process "
+    "without another try: see the fx failures check",
     Reason.INTERNAL: "compileq's own code raised (a bug, or a value in Redis it could not "
     "read): the client log's 'compileq: internal error' line has the traceback; please report it",
 }
@@ -534,6 +540,34 @@ def _fallback_check(client: redis.Redis) -> Check:
     known = {r.value: r for r in Reason}
     hint = _FALLBACK_HINTS.get(known[top], "") if top in known else ""
     return Check("fallbacks", WARN, detail, hint + " (zero the counters: compileq stats --zero)")
+
+
+def _fx_failures_check(client: redis.Redis, settings: Settings | None) -> Check:
+    """The graphs the cluster remembers as failing codegen on workers (``cache/verdicts.py``):
+    each compiles in process in every process that meets it, until its verdict expires.
+    ``settings``: None where there is no secret to verify the verdicts with."""
+    if settings is None:
+        return Check("fx failures", WARN, "not checked: no COMPILEQ_SECRET to verify them with")
+    found = verdicts.remembered(RedisStore(client, settings))
+    if not found:
+        return Check("fx failures", OK, "no graph is remembered as failing codegen on workers")
+    reasons: dict[str, int] = defaultdict(int)
+    for verdict in found:
+        reasons[verdict.reason.value] += 1
+    detail = (
+        f"{len(found)} graphs fail codegen on workers ("
+        + ", ".join(f"{n} {r}" for r, n in sorted(reasons.items(), key=lambda kv: -kv[1]))
+        + f"; newest: {found[0].describe()}); they compile in process without another try "
+        "until their verdicts expire (COMPILEQ_FX_FAILURE_TTL_S on the workers)"
+    )
+    return Check(
+        "fx failures",
+        WARN,
+        detail,
+        "the worker log's 'FX codegen of <key> failed' line has the whole error: report it "
+        "(an unimportable graph needs the training script's own code: install it on the "
+        "workers); once fixed, `compileq forget-failures` sends them to workers again",
+    )
 
 
 def _runtime_tuning_check(client: redis.Redis) -> Check:

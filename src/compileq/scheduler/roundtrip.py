@@ -27,6 +27,11 @@ of others (``others``: a DDP frame's check waits for one forward while its other
 workers lower theirs): each is read, verified as any entry, and handed over once, in the
 waiting thread.
 
+A job may have a verdict (``Job.verdict``, FX graphs: ``cache/verdicts.py``): where a worker
+remembers that its build failed for a reason of the job's own. The verdict is read in the
+same call as the job's output, so a miss costs no extra round trip, and a job found there is
+not sent: its caller builds it at once (``known-failure``).
+
 Whatever goes wrong, the caller builds the output itself; ``Fallback`` says why, with its
 reason typed (``fallback.py``). Two ways to wait share these steps: blocking, for a set of
 keys (FX graphs, C++ objects, autotuning timings: ``fetch``, ``send_and_wait``), and the
@@ -53,6 +58,7 @@ import redis
 
 from compileq import keys
 from compileq._log import warn_once
+from compileq.cache import verdicts
 from compileq.cache.counters import Counter, Reason
 from compileq.cache.store import Entry, RedisStore
 from compileq.config import Settings, redact
@@ -122,6 +128,9 @@ class Job:
     key: str
     queue: str
     spec: Callable[[], bytes]
+    #: Where a worker remembers that building this job failed for a reason of the job's own
+    #: (``cache/verdicts.py``), read with its output; None for a kind without verdicts.
+    verdict: str | None = None
 
 
 def deadline(settings: Settings) -> float:
@@ -404,6 +413,23 @@ def refused(kind: Kind, done: events.Done) -> Fallback:
     return Fallback(done.reason or Reason.WORKER_ERROR, detail)
 
 
+def stored(sender: Sender, job: Job) -> Entry | None:
+    """``job``'s output if the store has it, read in one call with its verdict; raises
+    ``Fallback`` (``known-failure``) where there is no output but a worker's build of the very
+    job failed before: sending it again would only fail again."""
+    if job.verdict is None:
+        return sender.store.get_many([job.key])[0]
+    output, verdict_entry = sender.store.get_many([job.key, job.verdict])
+    verdict = None if output is not None else verdicts.read(verdict_entry)
+    if verdict is None:
+        return output
+    raise Fallback(
+        Reason.KNOWN_FAILURE,
+        f"a worker could not {job.kind.work} before: {verdict.describe()}; not sent again "
+        "until that verdict expires (COMPILEQ_FX_FAILURE_TTL_S, or `compileq forget-failures`)",
+    )
+
+
 def not_sent(job: Job, sent: Sent) -> Fallback | None:
     """Why ``job`` was not sent, if it was not (over the cap, or the broker refused it)."""
     if job.key in sent.too_large:
@@ -442,7 +468,7 @@ def fetch(
     settings = sender.settings
     until = deadline(settings)
     try:
-        entry = sender.store.get_many([job.key])[0]  # this very job was built before (by anyone)
+        entry = stored(sender, job)  # this very job was built before (by anyone)
         if entry is not None:
             payload = entry.payload()
         else:
@@ -465,7 +491,7 @@ def found_or_sent(
     ``meanwhile`` runs once this process has sent it (nothing waits here for an early
     output). Raises ``Fallback``."""
     try:
-        entry = sender.store.get_many([job.key])[0]
+        entry = stored(sender, job)
         if entry is not None:
             sender.received(job.key)
             return entry.payload()
@@ -488,10 +514,10 @@ def send_ahead(sender: Sender, job: Job) -> bool:
     a later ``fetch`` finds the output, or this process's own lease and waits for the worker.
     Whether this process sent it; any failure only means it did not."""
     try:
-        if sender.store.get_many([job.key])[0] is not None:
+        if stored(sender, job) is not None:
             return False
         sent = send(sender, [job])
-    except (redis.RedisError, EntryTooLarge):
+    except (redis.RedisError, EntryTooLarge, Fallback):  # a known failure is not sent either
         return False
     if not sent.sent:
         return False

@@ -5,7 +5,9 @@ It runs Inductor's own child side of an out-of-process compile (``_run_in_child`
 subprocess of the client would return. The kernels codegen builds go to the store under the
 keys the client computes when it loads the output code: Triton kernels through compileq's pool
 installed ``on_worker`` (sent to the worker's queue while a sibling pool process is free to
-build them, else built here: see ``fx_slots``), C++ objects through the C++ cache.
+build them, else built here: see ``fx_slots``), C++ objects through the C++ cache. A codegen
+that raises an error of the graph's own leaves a verdict before its failure is announced
+(``fx_verdict``), so no other process sends the graph again.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from compileq.errors import ToolchainMismatch
 from compileq.hooks.ledger import Patches
 from compileq.tasks.fx_jobs import CODEGEN_ENV, FX, CodegenState, FxJob
 from compileq.tasks.fx_wire import wire
-from compileq.workers import fx_debug, fx_lowered
+from compileq.workers import faults, fx_debug, fx_lowered, fx_verdict
 from compileq.workers.lifecycle import WorkerContext, admit, failed, open_job, settle
 
 _installed_pid: int | None = None
@@ -47,6 +49,8 @@ def execute_compile_fx(task_key: object) -> str:
         laps.lap("store")
     except Exception as e:  # Inductor's own error, or EntryTooLarge: the client compiles it
         log.warning("compileq worker: FX codegen of %s failed: %s", key, e)
+        # Before the announcement: a process asking once the lease is gone finds the verdict.
+        fx_verdict.remember(ctx, key, e)
         failed(client, key, e)
         return "failed"
     seconds = laps.total()
@@ -139,6 +143,7 @@ def generate(ctx: WorkerContext, job: FxJob, laps: Laps, key: str) -> tuple[byte
         fx_debug.profiled(ctx.settings.codegen_profile_dir, key),
         fx_debug.dumped(ctx.settings.codegen_dump_dir, key, job),
     ):
+        faults.codegen()  # a test's injected codegen error, where Inductor's would be raised
         output = _OutOfProcessFxCompile._run_in_child(ClientsInput(job.pickled_input))
     laps.lap("codegen")
     phases = _inductor_phases(before)
