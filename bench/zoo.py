@@ -40,7 +40,6 @@ from bench.ddp import run_job
 from bench.harness import ROOT, Cluster, new_workdir
 from bench.matrix import DEFAULT_RUNS, RUNS, TimeUp, _time_up, ready_s, step_s
 from bench.zoo_models import MODELS, ZooModel, extra, unlisted
-
 from compileq._files import write_atomically
 
 #: The issue's targets: every model at most stock (cold, and new machine against stock's warm
