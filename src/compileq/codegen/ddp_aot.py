@@ -111,7 +111,6 @@ class DdpAot(Feature):
     targets = (
         Target(_CACHE, "AOTAutogradCache.try_load"),
         Target(_CACHE, "AOTAutogradCache._lookup", ("key", "local", "remote", "args")),
-        Target(_CACHE, "FXGraphCacheMiss"),
         Target(_WRAPPERS, "FakifiedOutWrapper.post_compile", ("self", "compiled_fn", "aot_config")),
         # What _Loadable stands in for: an entry's compiled forward or backward.
         Target(_RESULT, "InductorOutput.load", ("self", "example_inputs")),
@@ -229,12 +228,13 @@ def _lookup(original: Callable[..., Any]) -> Callable[..., Any]:
         entry = found[0]
         outputs = _outputs(key, example) if _plain(entry) else None
         if outputs is None:
-            from torch._functorch._aot_autograd.autograd_cache import FXGraphCacheMiss
-
             # A miss, not a bypass: the subgraph compiles, and its first call's outputs are
-            # stored under the key this lookup computed.
+            # stored under the key this lookup computed. Returned as a miss (no entry): 2.11
+            # to 2.14 also counted an FXGraphCacheMiss raised here as one, but 2.15 catches
+            # it around the lookup as a bypass, which drops the key, so nothing was recorded
+            # and every new machine compiled that subgraph again.
             _remember_inputs(key, example)
-            raise FXGraphCacheMiss
+            return None
         # This entry object is this lookup's own (unpickled just now): torch loads it through
         # these two, in 2.11 and 2.13 alike. Never wrapped twice (a second bucket counter
         # step would be as wrong as none).
