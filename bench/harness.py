@@ -59,6 +59,9 @@ class Cluster:
     worker: subprocess.Popen[bytes] | None = None
     worker_args: list[str] = field(default_factory=list)
     _workers_started: int = 0
+    #: More ``COMPILEQ_*`` settings for every process of the cluster's runs and workers (the
+    #: zoo's ``--deadline-s``).
+    settings_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def settings(self) -> Settings:
@@ -176,6 +179,7 @@ class Cluster:
             ),
             PYTHONUNBUFFERED="1",
         )
+        env.update(self.settings_env)
         return env
 
     def stock_remote_env(self) -> dict[str, str]:

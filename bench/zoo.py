@@ -136,6 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", choices=("tiny", "gpu"), default=None, help="default: by device")
     parser.add_argument("--runs", default=",".join(DEFAULT_RUNS))
     parser.add_argument("--again", action="store_true", help="run models already done again")
+    parser.add_argument(
+        "--deadline-s",
+        type=float,
+        default=None,
+        help="COMPILEQ_DEADLINE_S of every run (default: compileq's own); a loaded machine's "
+        "codegen may outlast 60 s, and a graph then compiles in process too",
+    )
     parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "bench-out" / "zoo"))
     args = parser.parse_args(argv)
     gpu = torch.cuda.is_available()
@@ -165,12 +172,15 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         "triton": triton.__version__,
         "size": size,
+        "deadline_s": args.deadline_s,
         "date": time.strftime("%Y-%m-%d"),
         "command": " ".join(["python -m bench zoo", *(argv if argv is not None else sys.argv[1:])]),
     }
     signal.signal(signal.SIGTERM, _time_up)
     workdir = new_workdir()
     cluster = Cluster(workdir, gpu=gpu).start()
+    if args.deadline_s is not None:
+        cluster.settings_env["COMPILEQ_DEADLINE_S"] = str(args.deadline_s)
     try:
         cluster.start_worker(None)
         for model in chosen:

@@ -42,6 +42,10 @@ SUBSET = (
 #: (a worker's start, its ISA probes included, is half a minute of the 2-core machine).
 GROUPS = (SUBSET[0::2], SUBSET[1::2])
 RUNS = "stock_cold,compileq_cold,compileq_new"
+#: As the suite's own jobs (tests/scripts.py): on the 2-core machine, beside the other test
+#: process's zoo, a codegen outlasted compileq's 60 s and the graph compiled in process too
+#: (T5Small's, convnextv2_nano's): a duplicate compile of a loaded machine, not a finding.
+LOADED = ("--deadline-s", "600")
 
 
 def run_zoo(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -60,7 +64,9 @@ def run_zoo(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def test_zoo_models_compile_on_the_cluster_once_and_a_new_machine_generates_nothing(
     models: tuple[str, ...], tmp_path: Path
 ) -> None:
-    proc = run_zoo(tmp_path, "--models", ",".join(models), "--size", "tiny", "--runs", RUNS)
+    proc = run_zoo(
+        tmp_path, "--models", ",".join(models), "--size", "tiny", "--runs", RUNS, *LOADED
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     cells: dict[str, Any] = json.loads((tmp_path / "zoo.json").read_text())["models"]
     table = (tmp_path / "zoo.md").read_text()
