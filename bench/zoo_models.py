@@ -312,9 +312,48 @@ MODELS: tuple[ZooModel, ...] = (
     _hf("XLNetLMHeadModel", 8, "XLNetConfig"),
     _hf("YituTechConvBert", 16, "ConvBertConfig", "ConvBertForMaskedLM"),
     # The suite's LLMs (generate() from pretrained weights there): trained from their config.
-    _hf("meta-llama/Llama-3.2-1B", 1, "LlamaConfig", "LlamaForCausalLM"),
-    _hf("google/gemma-2-2b", 1, "Gemma2Config", "Gemma2ForCausalLM"),
-    _hf("Qwen/Qwen3-0.6B", 1, "Qwen3Config", "Qwen3ForCausalLM"),
+    # At gpu size with their checkpoints' widths: the config classes' defaults are other
+    # models (LlamaConfig's is a 7B).
+    _hf(
+        "meta-llama/Llama-3.2-1B",
+        1,
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        gpu={
+            "hidden_size": 2048,
+            "intermediate_size": 8192,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "vocab_size": 128256,
+        },
+    ),
+    _hf(
+        "google/gemma-2-2b",
+        1,
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        gpu={
+            "hidden_size": 2304,
+            "intermediate_size": 9216,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 4,
+            "head_dim": 256,
+        },
+    ),
+    _hf(
+        "Qwen/Qwen3-0.6B",
+        1,
+        "Qwen3Config",
+        "Qwen3ForCausalLM",
+        gpu={
+            "hidden_size": 1024,
+            "intermediate_size": 3072,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "vocab_size": 151936,
+        },
+    ),
 )
 
 

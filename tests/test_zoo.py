@@ -81,7 +81,10 @@ def test_zoo_models_compile_on_the_cluster_once_and_a_new_machine_generates_noth
         assert cold["fx_local_compiles"] == 0 and new["fx_local_compiles"] == 0, model
         assert cold["codegens"] == cold["distinct_graphs"] > 0, (model, cold)
         assert new["codegens"] == 0, (model, new)
-        assert cold["matches_eager"] and new["matches_eager"], model
+        # As stock's own compile matches eager or not (AdamW's weights after three steps are
+        # beyond the script's tolerance for some: stock's T5Small and Albert too).
+        stock = cell["stock_cold"]["matches_eager"]
+        assert cold["matches_eager"] == new["matches_eager"] == stock, model
         assert cold["device"] == new["device"] == "cpu"
         assert zoo.losses_agree(cell) is True, (model, zoo.loss_gap(cell))
         assert f"| {model} |" in table
