@@ -11,9 +11,9 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # The torch a new user's `pip install torch` gets today: the newest release compileq is tested
-# on (src/compileq/hooks/targets.py TESTED_TORCH). `TORCH=2.13.0` or the like picks another;
+# on, named in requirements-torch.txt. `TORCH=2.13.0` or the like picks another;
 # PyPI's build is CUDA's (it runs on a CPU), except 2.13.0's CPU build where it lies on disk.
-TORCH  ?= 2.15.0
+TORCH  ?= $(shell sed -n 's/^torch==//p' requirements-torch.txt)
 # The releases `make test-releases` runs the smoke set on (the whole suite runs on $(TORCH)).
 RELEASES ?= 2.11.0 2.12.1 2.13.0 2.14.1
 
