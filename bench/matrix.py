@@ -448,10 +448,17 @@ def chart(files: list[dict[str, Any]], path: Path) -> bool:
     return True
 
 
-def render_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.matrix --render")
+def render_files(
+    argv: list[str],
+    stem: str,
+    render: Callable[[list[dict[str, Any]]], str] = render,
+    chart: Callable[[list[dict[str, Any]], Path], bool] = chart,
+) -> int:
+    """``python -m bench.STEM --render FILE... [--out DIR]``: one table over the result files
+    (the matrix's, or the zoo's), printed, and with ``--out`` STEM.md and STEM.png there."""
+    parser = argparse.ArgumentParser(prog=f"python -m bench.{stem} --render")
     parser.add_argument("files", nargs="+")
-    parser.add_argument("--out", default=None, help="matrix.md and matrix.png here")
+    parser.add_argument("--out", default=None, help=f"{stem}.md and {stem}.png here")
     args = parser.parse_args(argv)
     files = [json.loads(Path(f).read_text()) for f in args.files]
     table = render(files)
@@ -459,9 +466,13 @@ def render_main(argv: list[str]) -> int:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "matrix.md").write_text(table)
-        chart(files, out / "matrix.png")
+        (out / f"{stem}.md").write_text(table)
+        chart(files, out / f"{stem}.png")
     return 0
+
+
+def render_main(argv: list[str]) -> int:
+    return render_files(argv, "matrix")
 
 
 if __name__ == "__main__":

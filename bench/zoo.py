@@ -38,7 +38,18 @@ from typing import Any
 
 from bench.ddp import run_job
 from bench.harness import ROOT, Cluster, new_workdir
-from bench.matrix import DEFAULT_RUNS, RUNS, TimeUp, _time_up, ready_s, step_s
+from bench.matrix import (
+    DEFAULT_RUNS,
+    RUNS,
+    TimeUp,
+    _ready,
+    _s,
+    _time_up,
+    _x,
+    ready_s,
+    render_files,
+    step_s,
+)
 from bench.zoo_models import MODELS, ZooModel, extra, unlisted
 from compileq._files import write_atomically
 
@@ -212,12 +223,6 @@ def main(argv: list[str] | None = None) -> int:
 # -- what a model's runs say -------------------------------------------------------------------
 
 
-def _ready(cell: dict[str, Any], name: str) -> float | None:
-    run = cell.get(name) or {}
-    value = run.get("ready_s")
-    return None if value is None else float(value)
-
-
 def ratios(cell: dict[str, Any]) -> dict[str, float | None]:
     def ratio(a: str, b: str) -> float | None:
         x, y = _ready(cell, a), _ready(cell, b)
@@ -271,16 +276,6 @@ def verdicts(cell: dict[str, Any]) -> dict[str, Any]:
         "generated_new": new.get("codegens"),
         "losses_agree": losses_agree(cell),
     }
-
-
-def _s(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
-
-
-def _x(value: float | None, goal: float) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.2f}" if value <= goal else f"**{value:.2f}**"
 
 
 def summary(files: list[dict[str, Any]]) -> dict[str, Any]:
@@ -406,23 +401,7 @@ def chart(files: list[dict[str, Any]], path: Path) -> bool:
     return True
 
 
-def render_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.zoo --render")
-    parser.add_argument("files", nargs="+")
-    parser.add_argument("--out", default=None, help="zoo.md and zoo.png here")
-    args = parser.parse_args(argv)
-    files = [json.loads(Path(f).read_text()) for f in args.files]
-    table = render(files)
-    print(table)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "zoo.md").write_text(table)
-        chart(files, out / "zoo.png")
-    return 0
-
-
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--render"]:
-        raise SystemExit(render_main(sys.argv[2:]))
+        raise SystemExit(render_files(sys.argv[2:], "zoo", render, chart))
     raise SystemExit(main())
