@@ -175,7 +175,6 @@ def _try_load(original: Callable[..., Any]) -> Callable[..., Any]:
     """Look a DDPOptimizer subgraph up as any graph (its flag off for the lookup only: the
     compile that follows a miss must still fakify its first call)."""
 
-    @functools.wraps(original)
     def try_load(*args: Any, **kwargs: Any) -> Any:
         context = _ddp_subgraph_context()
         if context is None or FEATURE.store is None or not FEATURE.complete():
@@ -213,7 +212,6 @@ def _ddp_subgraph_context() -> Any:
 
 
 def _lookup(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
     def lookup(key: str, *args: Any, **kwargs: Any) -> Any:
         found = original(key, *args, **kwargs)
         subgraph = getattr(_thread, "subgraph", None)

@@ -433,7 +433,6 @@ def _bw_compile(module: Any, original: Callable[..., Any]) -> Callable[..., Any]
 def _save_graph(save: Callable[..., Any]) -> Callable[..., None]:
     """Inductor's FX-cache put; a deferred forward's happens once its graph is loaded."""
 
-    @functools.wraps(save)
     def save_graph(key: str, graph: Any, *args: Any, **kwargs: Any) -> None:
         from compileq.scheduler import remote_mark
 

@@ -347,7 +347,6 @@ def _stage2_with_backward_compiler(original: Callable[..., Any]) -> Callable[...
     """``aot_stage2_autograd``, with its backward compiler at hand for the partition that
     follows (the lazy compile calls this one; ``AOTConfig.bw_compiler`` may be None)."""
 
-    @functools.wraps(original)
     def stage2(*args: Any, **kwargs: Any) -> Any:
         compiler = kwargs.get("bw_compiler", args[4] if len(args) > 4 else None)
         outer = getattr(_thread, "bw_compiler", None), getattr(_thread, "pending", None)
@@ -363,7 +362,6 @@ def _stage2_with_backward_compiler(original: Callable[..., Any]) -> Callable[...
 
 
 def _partition_then_send_backward(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
     def partition(*args: Any, **kwargs: Any) -> Any:
         result = original(*args, **kwargs)
         try:
@@ -482,7 +480,6 @@ def _prepared_then_send_backward(original: Callable[..., Any]) -> Callable[..., 
     ahead with traced strides that turned out otherwise (padding) is sent again. Under
     DDPOptimizer the send stays at the end of the subgraph's fake run, with these inputs."""
 
-    @functools.wraps(original)
     def bw_compile(*args: Any, **kwargs: Any) -> Any:
         result = original(*args, **kwargs)
         pending: _Pending | None = getattr(_thread, "pending", None)
@@ -637,7 +634,6 @@ def _settled(kwargs: dict[str, Any], gm: Any, example_inputs: Any) -> dict[str, 
 
 
 def _run_node_then_send(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
     def run_node(self: Any, node: Any) -> Any:
         outer = getattr(_thread, "after_submodule", None)
         pending: list[_Pending] = []
@@ -729,7 +725,6 @@ def _load_with_key(original: Callable[..., Any]) -> Callable[..., Any]:
     speculation (nothing to send), else it reads as a miss without touching the remote cache
     (whose hit would load the graph's code and kernels now, and whose miss takes a lease)."""
 
-    @functools.wraps(original)
     def load_with_key(key: str, *args: Any, **kwargs: Any) -> Any:
         if not speculating():
             return original(key, *args, **kwargs)

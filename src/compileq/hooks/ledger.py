@@ -18,7 +18,6 @@ attribute and were disabled in the order they were enabled: it stayed installed 
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -226,8 +225,6 @@ class Patches:
         made: list[Entry] = []
 
         def make(original: Any) -> Any:
-            # Signed as the original: a feature's check of its targets reads through it.
-            @functools.wraps(original)
             def first(*args: Any, **kwargs: Any) -> Any:
                 self._ledger.remove(made)
                 fn()

@@ -16,7 +16,6 @@ not do this, so a stock "warm" start still runs the C++ compiler for every kerne
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import os
 import platform
@@ -65,7 +64,6 @@ _SERVED = ("served", "")
 def _compile_cpp(original: Callable[[str, Sequence[Any]], None]) -> Callable[..., None]:
     """Inductor's ``_worker_compile_cpp``, served from the store or built by a worker."""
 
-    @functools.wraps(original)
     def compile_cpp(lock_path: str, cpp_builders: Sequence[Any]) -> None:
         if cpp_fanout.precompiled_header(cpp_builders) and cpp_fanout.sends_builds(cpp_builders):
             # Inductor's precompiled header is read only by this machine's own builds: while
@@ -229,7 +227,6 @@ def _check_build(original: Callable[[Any, str], bool]) -> Callable[[Any, str], b
     """Inductor's vector-ISA check, its verdict and its compile served from the store
     (``_check_build_with``)."""
 
-    @functools.wraps(original)
     def check_build(isa: Any, code: str) -> bool:
         return _check_build_with(original, isa, code)
 

@@ -310,7 +310,6 @@ def _pickler_init(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _save_graph(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
     def save_graph(key: str, compiled_graph: Any, example_inputs: Any, *args: Any) -> Any:
         if not marked(key):
             return original(key, compiled_graph, example_inputs, *args)
@@ -344,7 +343,6 @@ def _for_storage(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _lookup_graph(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
     def lookup_graph(key: str, example_inputs: Any, *args: Any, **kwargs: Any) -> Any:
         if not marked(key):
             return original(key, example_inputs, *args, **kwargs)
@@ -369,7 +367,6 @@ def _lookup_graph(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _hit_post_compile(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
     def cache_hit_post_compile(graph: Any, *args: Any, **kwargs: Any) -> Any:
         load = _loading.get()
         if load is not None:
@@ -384,7 +381,6 @@ def _hit_post_compile(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _aot_save(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
     def save(key: str, entry: Any, *args: Any, **kwargs: Any) -> Any:
         if marked(key) and not _loads_anywhere(entry):
             log.debug("compileq: AOTAutograd entry %s not stored: it names another GPU", key)
