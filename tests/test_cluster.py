@@ -66,8 +66,10 @@ def test_kernels_compile_on_the_worker_into_real_cubins(
         for result in kernel.compile_results:
             cubin = bytes(result.kernel.cubin_raw)
             assert cubin[:4] == b"\x7fELF"  # a real CUDA binary, built without a GPU
-            # ELF e_flags of a CUDA cubin: bits 8-15 hold the SM version the code runs on.
-            assert (struct.unpack_from("<I", cubin, 48)[0] >> 8) & 0xFF == 90
+            # ELF e_flags of a CUDA cubin hold the SM version the code runs on: bits 8-15 for
+            # CUDA 13's ptxas, bits 0-7 for CUDA 12's (Triton 3.8's own, on torch 2.14).
+            flags = struct.unpack_from("<I", cubin, 48)[0]
+            assert 90 in ((flags >> 8) & 0xFF, flags & 0xFF), hex(flags)
 
 
 @pytest.mark.release

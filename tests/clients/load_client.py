@@ -39,7 +39,8 @@ def problem(name: str, payload: bytes) -> str | None:
         cubin = bytes(getattr(compiled, "cubin_raw", None) or compiled.asm.get("cubin", b""))
         if compiled.name != name or cubin[:4] != b"\x7fELF":
             return f"{name}: compiled {result.kernel.name}, not an ELF cubin"
-        if (struct.unpack_from("<I", cubin, 48)[0] >> 8) & 0xFF != 90:
+        flags = struct.unpack_from("<I", cubin, 48)[0]  # sm in bits 8-15 (CUDA 13), 0-7 (12)
+        if 90 not in ((flags >> 8) & 0xFF, flags & 0xFF):
             return f"{name}: cubin not for sm_90"
     return None
 
