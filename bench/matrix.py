@@ -415,14 +415,23 @@ def render(files: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def chart(files: list[dict[str, Any]], path: Path) -> bool:
-    """Ratios per cell as bars, the goals as lines; False without matplotlib."""
+def pyplot() -> Any:
+    """matplotlib's pyplot drawing to files (the bench extra); None where it is missing."""
     try:
         import matplotlib
     except ImportError:
-        return False
+        return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def chart(files: list[dict[str, Any]], path: Path) -> bool:
+    """Ratios per cell as bars, the goals as lines; False without matplotlib."""
+    plt = pyplot()
+    if plt is None:
+        return False
 
     cells: dict[str, dict[str, Any]] = {}
     for data in files:

@@ -46,6 +46,8 @@ from bench.matrix import (
     _s,
     _time_up,
     _x,
+    pyplot,
+    ratios,
     ready_s,
     render_files,
     step_s,
@@ -223,18 +225,6 @@ def main(argv: list[str] | None = None) -> int:
 # -- what a model's runs say -------------------------------------------------------------------
 
 
-def ratios(cell: dict[str, Any]) -> dict[str, float | None]:
-    def ratio(a: str, b: str) -> float | None:
-        x, y = _ready(cell, a), _ready(cell, b)
-        return round(x / y, 2) if x is not None and y else None
-
-    return {
-        "cold": ratio("compileq_cold", "stock_cold"),
-        "new/warm": ratio("compileq_new", "stock_warm_local"),
-        "new/remote": ratio("compileq_new", "stock_remote_new"),
-    }
-
-
 def loss_gap(cell: dict[str, Any]) -> tuple[float, float] | None:
     """compileq's largest loss difference from stock's cold run, over both compileq runs and
     every step, and stock's own between its runs (its run-to-run spread); None where a run is
@@ -369,13 +359,9 @@ def render(files: list[dict[str, Any]]) -> str:
 
 def chart(files: list[dict[str, Any]], path: Path) -> bool:
     """Each model's ratios, sorted, the targets drawn; False without matplotlib."""
-    try:
-        import matplotlib
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     cells = {n: c for n, c in _cells(files).items() if ratios(c)["cold"] is not None}
     if not cells:
         return False

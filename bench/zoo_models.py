@@ -176,10 +176,6 @@ class ZooModel:
     gpu: dict[str, Any] = field(default_factory=dict)
     tiny_size: int = 0  # the image's side at tiny size (0: 64)
 
-    @property
-    def key(self) -> str:
-        return self.name
-
     def model_config(self, size: str) -> dict[str, Any]:
         if self.suite == "timm":
             return dict(self.tiny if size == "tiny" else self.gpu)
