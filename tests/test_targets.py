@@ -196,3 +196,18 @@ def test_doctor_names_a_feature_whose_target_moved(settings: Settings) -> None:
         type(feature).targets = kept
     assert line.status == doctor.WARN
     assert "pad-decisions off: this torch has no torch._inductor.fx_passes.pad_mm" in line.detail
+
+
+def test_the_releases_ci_runs_are_the_ones_compileq_calls_tested() -> None:
+    # One list in three places (doctor's warning, make test's torch, make test-releases'):
+    # a release added to one and not the others is caught here.
+    import re
+
+    from compileq.hooks.targets import TESTED_TORCH
+
+    root = Path(__file__).resolve().parents[1]
+    newest = re.search(r"^torch==(\S+)$", (root / "requirements-torch.txt").read_text(), re.M)
+    older = re.search(r"^RELEASES \?= (.+)$", (root / "Makefile").read_text(), re.M)
+    assert newest is not None and older is not None
+    releases = [*older.group(1).split(), newest.group(1)]
+    assert [".".join(r.split(".")[:2]) for r in releases] == list(TESTED_TORCH)
