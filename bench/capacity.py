@@ -87,6 +87,7 @@ LABELS = {
     "job": "job spec",
     "meta": "metadata record",
     "lock": "lease",
+    "building": "a worker's mark on a job it builds",
     "siblings": "kernel index by source",
     "misses": "miss log",
     "slow": "slowest builds",
@@ -99,7 +100,13 @@ LABELS = {
 }
 
 # Records about one artifact, whose key embeds the artifact's: attributed to its kind.
-_PER_ARTIFACT = ((keys.JOB, "job"), (keys.META, "meta"), (keys.LOCK, "lock"))
+_PER_ARTIFACT = (
+    (keys.JOB, "job"),
+    (keys.META, "meta"),
+    (keys.LOCK, "lock"),
+    # Spelt out: this runs against a keys.py from before marks too.
+    (f"{keys.PREFIX}:building:", "building"),
+)
 # Everything else compileq writes. First match wins, so a family whose prefix extends another
 # one's (the broker's doctor records, under the broker's prefix) comes first.
 _FIXED = (

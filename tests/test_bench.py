@@ -100,7 +100,7 @@ def test_capacity_classifies_every_key_family_that_keys_py_defines() -> None:
     for name in ("PREFIX", "DONE_CHANNEL", *queues):
         del families[name]
     suffix = {"ARTIFACT": kernel[len(keys.ARTIFACT) :], "SIBLINGS": "triton:" + "ef" * 32}
-    suffix |= dict.fromkeys(("JOB", "META", "LOCK"), kernel)
+    suffix |= dict.fromkeys(("JOB", "META", "LOCK", "BUILDING"), kernel)
     for name, prefix in families.items():
         key = prefix + suffix.get(name, "x")
         assert classify(key) != UNCLASSIFIED, (name, key)
@@ -110,6 +110,7 @@ def test_capacity_classifies_every_key_family_that_keys_py_defines() -> None:
         keys.job(kernel): "job:triton",
         keys.meta(kernel): "meta:triton",
         keys.lock(graph): "lock:fx",
+        keys.building(graph): "building:fx",
         keys.siblings("triton", "ef" * 32): "siblings:triton",
         keys.STATS: "counters",
         keys.QUEUE_STATS: "counters",

@@ -76,7 +76,10 @@ class Settings(BaseSettings):
         None, description="HMAC key shared by clients and workers; required."
     )
     deadline_s: float = _seconds(
-        60.0, "How long a client waits for a remote build before compiling locally."
+        60.0,
+        "How long a client waits for a remote build before compiling locally; a build a live "
+        "worker is running by then is waited for until it ends (at most the worker's hard "
+        "time limit, `task_time_limit_s`).",
     )
     task_soft_time_limit_s: float = _seconds(300.0, "Worker soft limit per build.")
     task_time_limit_s: float = _seconds(360.0, "Worker hard limit per build.")

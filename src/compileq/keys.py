@@ -19,6 +19,9 @@ ARTIFACT = f"{PREFIX}:a:"
 LOCK = f"{PREFIX}:lock:"
 #: Signed job specs a worker reads by key: ``compileq:job:<artifact key>``.
 JOB = f"{PREFIX}:job:"
+#: A live worker's signed mark on a job it is building now: ``compileq:building:<artifact
+#: key>`` (cache/building.py), with a short expiry its worker keeps renewing.
+BUILDING = f"{PREFIX}:building:"
 #: Cluster-wide counters (one hash).
 STATS = f"{PREFIX}:stats"
 #: Per-queue counters, one hash whose fields are ``<queue>|<counter>`` (one key to read or reset).
@@ -102,6 +105,10 @@ def lock(key: str) -> str:
 
 def job(key: str) -> str:
     return JOB + key
+
+
+def building(key: str) -> str:
+    return BUILDING + key
 
 
 def workers(queue: str) -> str:

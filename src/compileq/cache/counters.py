@@ -99,6 +99,9 @@ class Counter(str, enum.Enum):
     REPLACED_ENTRIES = "replaced_entries"
     #: Leases found without an expiry (never set by compileq) and treated as stale.
     STALE_LEASES = "stale_leases"
+    #: Jobs a client waited on past its deadline because a live worker was building them
+    #: (cache/building.py), instead of compiling them in process beside it.
+    WAITED_PAST_DEADLINE = "waited_past_deadline"
     #: Kernels, graphs and C++ objects built locally while Redis could not be reached,
     #: stored once it answered.
     STORED_AFTER_OUTAGE = "stored_after_outage"

@@ -58,7 +58,7 @@ import redis
 
 from compileq import keys
 from compileq._log import warn_once
-from compileq.cache import verdicts
+from compileq.cache import building, verdicts
 from compileq.cache.counters import Counter, Reason
 from compileq.cache.store import Entry, RedisStore
 from compileq.config import Settings, redact
@@ -352,18 +352,34 @@ class Watcher:
                 warn_once("early", "compileq: an early output was not used (%s)", e)
 
     def wait(
-        self, names: Iterable[str], until: float, early: Mapping[str, Early] | None = None
+        self,
+        names: Iterable[str],
+        until: float,
+        early: Mapping[str, Early] | None = None,
+        building_s: float = 0.0,
     ) -> Waited:
         """Block until every key of ``names`` is found, failed or lost, or ``until`` passes;
         then each key still missing is read once more before it is counted late. ``early``:
-        keys of early outputs (``keys.early``), each handed to its callback once found."""
+        keys of early outputs (``keys.early``), each handed to its callback once found.
+        ``building_s``: how much longer than ``until`` to wait on for a key that a live worker
+        is building when ``until`` passes (its verified mark, cache/building.py), for as long
+        as that mark lives: a local compile would start over beside it."""
         waiting = set(names)
         hoped = dict(early or {})
         if hoped:  # some may be stored already (other jobs'): read before the first poll
             self._early(hoped)
         out = Waited()
+        hard = until + building_s
+        waited_on: set[str] = set()
         while waiting:
-            left = until - time.monotonic()
+            now = time.monotonic()
+            left = until - now
+            if left <= 0 and now < hard and (marked := self._building(waiting)):
+                self._waiting_on(marked - waited_on, until)
+                waited_on |= marked
+                self._settle_late(waiting - marked, out)  # the rest end now, as before
+                waiting = set(marked)
+                left = min(POLL_S, hard - now)
             done = self.announcements(min(POLL_S, left)) if left > 0 else {}
             seen = self.check(done, waiting, force=left <= 0)
             if hoped and (seen.polled or not hoped.keys().isdisjoint(done)):
@@ -373,9 +389,37 @@ class Watcher:
             out.lost.extend(seen.lost)
             waiting.difference_update(seen.found, seen.failed, seen.lost)
             if left <= 0:
-                out.late = sorted(waiting)
+                out.late = sorted({*out.late, *waiting})
                 break
         return out
+
+    def _building(self, waiting: set[str]) -> set[str]:
+        return building.building(self._store.client, self._store.secret, waiting)
+
+    def _settle_late(self, keys_: set[str], out: Waited) -> None:
+        """The keys no live worker builds at the deadline: read once more, else late."""
+        if not keys_:
+            return
+        seen = self.check({}, keys_, force=True)
+        out.found.update(seen.found)
+        out.failed.update(seen.failed)
+        out.lost.extend(seen.lost)
+        out.late = sorted(
+            {*out.late, *(keys_ - set(seen.found) - set(seen.failed) - set(seen.lost))}
+        )
+
+    def _waiting_on(self, new: set[str], until: float) -> None:
+        if not new:
+            return
+        self._store.count({Counter.WAITED_PAST_DEADLINE: len(new)})
+        warn_once(
+            "past-deadline",
+            "compileq: a worker is still building %d job(s) past the deadline; waiting for it "
+            "rather than compiling them here beside it (a worker that dies is given up on "
+            "within %.0fs; its hard time limit ends any build)",
+            len(new),
+            building.TTL_MS / 1000,
+        )
 
 
 def send_and_wait(
@@ -399,7 +443,9 @@ def send_and_wait(
         if then is not None:
             early.update({keys.early(key): then for key in sent.sent})
         try:
-            return sent, watcher.wait(sent.in_flight, until, early)
+            return sent, watcher.wait(
+                sent.in_flight, until, early, sender.settings.task_time_limit_s
+            )
         except redis.RedisError:
             for key in sent.sent:  # its message may be lost: nobody must wait out the lease
                 sender.orphan_lease(key)

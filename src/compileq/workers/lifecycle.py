@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -19,6 +20,7 @@ import redis
 
 from compileq import keys
 from compileq._log import log
+from compileq.cache import building
 from compileq.cache.counters import Counter, Reason
 from compileq.cache.envelope import open_sealed
 from compileq.cache.store import RedisStore
@@ -143,7 +145,9 @@ _KEEP_EVERY_S = (0.5, 20.0)
 
 @contextlib.contextmanager
 def keeping_lease(key: object) -> Iterator[None]:
-    """Keep alive, while this task runs, the lease of the client that sent ``key``'s job.
+    """Keep alive, while this task runs, the lease of the client that sent ``key``'s job, and
+    this worker's mark on it (cache/building.py: a client past its deadline waits on for a
+    job a live worker is building, rather than compiling it again beside it).
 
     The sender's lease outlives its own wait by a second, and nothing renewed it while a
     worker built: a build slower than that (a loaded worker, a big graph) let the next
@@ -159,17 +163,25 @@ def keeping_lease(key: object) -> Iterator[None]:
         yield
         return
     client, secret = _context.store.client, _context.settings.secret_bytes()
+    worker = _context.worker_id
     done = threading.Event()
+    marked = threading.Event()
 
     def keep() -> None:
-        # The first renewal after the shortest period, not at once: most builds (a Triton
-        # kernel, a stored entry found again) end first and cost no Redis call here.
+        # The first mark and renewal after the shortest period, not at once: most builds (a
+        # Triton kernel, a stored entry found again) end first and cost no Redis call here.
         low, high = _KEEP_EVERY_S
-        every = low
-        while not done.wait(every):
+        lease_due = time.monotonic() + low
+        pause = low
+        while not done.wait(pause):
             with contextlib.suppress(redis.RedisError):
-                ttl_ms = leases.extend(client, key, secret)
-                every = min(max(ttl_ms / 3000, low), high) if ttl_ms else low
+                building.mark(client, key, secret, worker)
+                marked.set()
+                if time.monotonic() >= lease_due:
+                    ttl_ms = leases.extend(client, key, secret)
+                    every = min(max(ttl_ms / 3000, low), high) if ttl_ms else low
+                    lease_due = time.monotonic() + every
+            pause = min(building.EVERY_S, max(lease_due - time.monotonic(), low))
 
     keeper = threading.Thread(target=keep, name="compileq-lease-keeper", daemon=True)
     keeper.start()
@@ -178,6 +190,9 @@ def keeping_lease(key: object) -> Iterator[None]:
     finally:
         done.set()
         keeper.join(timeout=1.0)
+        if marked.is_set():  # settle dropped it; a renewal may have raced that
+            with contextlib.suppress(redis.RedisError):
+                building.unmark(client, key)
 
 
 def settle(
@@ -186,7 +201,7 @@ def settle(
     """End a task (built, failed or rejected): drop its job and lease, then tell every waiting
     client how it went: for a failure, ``error`` to log and the ``reason`` it counts under
     (the worker's own error unless said otherwise)."""
-    client.delete(keys.lock(key), keys.job(key))
+    client.delete(keys.lock(key), keys.job(key), keys.building(key))
     if error is not None and reason is None:
         reason = Reason.WORKER_ERROR
     announce(client, Done(key, error is None, error, reason))
