@@ -95,7 +95,7 @@ test: setup docker zoo-setup
 	$(VENV)/bin/lint-imports --no-logo
 	$(PYTEST)
 	@# The zoo's CPU subset needs timm, so torchvision, so the torch release it is built for.
-	COMPILEQ_TEST_ZOO=1 $(ZOO_VENV)/bin/python -m pytest -q -n $(TEST_PROCESSES) --dist loadscope -m zoo tests/test_zoo.py
+	COMPILEQ_TEST_ZOO=1 $(ZOO_VENV)/bin/python -m pytest -q -n $(TEST_PROCESSES) --dist loadscope -m 'zoo and not slow' tests/test_zoo.py
 
 # The zoo's venv: timm imports torchvision, whose newest release (0.29) is built for torch
 # 2.14, not 2.15 ("operator torchvision::nms does not exist"); the same venv serves
@@ -140,9 +140,10 @@ ci-local:
 # the Slurm walkthrough, a job queued past its sender's lease, a DDP job's padded activations,
 # a convolution net's DDP job, two pipeline stages' merged profile, a starved worker's census,
 # the capacity bench's real run.
-test-all: setup docker
+test-all: setup docker zoo-setup
 	$(VENV)/bin/lint-imports --no-logo
 	$(PYTEST) -m 'slow or not slow'
+	COMPILEQ_TEST_ZOO=1 $(ZOO_VENV)/bin/python -m pytest -q -n $(TEST_PROCESSES) --dist loadscope -m zoo tests/test_zoo.py
 
 # The fault, bad-input and load tests (the full-size load test included), writing the table
 # of docs/RELIABILITY.md from what they observe. Needs root for `ip netns` (the partition test).

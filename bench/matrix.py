@@ -121,6 +121,14 @@ RUNS = (
     # By name only: a new machine whose graphs with an autocast or sdpa_kernel region bypass
     # AOTAutograd's cache, as stock's do (codegen/aot_regions.py off).
     ("compileq_new_autocast_traced", "compileq-autocast-traced", None, None),
+    # The zoo's second looks (bench/zoo.py ``AGAIN``), run where one run says compileq is
+    # slower or its losses are off: stock compiled again from nothing, with no remote cache
+    # (independent of stock_cold's entries, so its own run-to-run spread, autotuning's choices
+    # included), its warm local run again, and compileq cold and new again.
+    ("stock_cold_again", "stock", None, None),
+    ("stock_warm_local_again", "stock-remote", None, "stock_cold"),
+    ("compileq_cold_again", "compileq", "cold", None),
+    ("compileq_new_again", "compileq", None, None),
 )
 #: The runs of a cell unless --runs names others.
 DEFAULT_RUNS = [name for name, *_ in RUNS[:6]]

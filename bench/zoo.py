@@ -3,7 +3,7 @@ HuggingFace's model lists, ``bench/zoo_models.py``), a training step each, stock
 in one invocation (``python -m bench zoo``).
 
     python -m bench zoo [--models NAME,...] [--suites timm,hf] [--size tiny|gpu]
-                        [--runs eager,stock_cold,...] [--again] [--out DIR]
+                        [--runs eager,stock_cold,...] [--again] [--lanes N] [--out DIR]
     python -m bench.zoo --render DIR/zoo.json [more.json ...] [--out DIR] [--docs BENCHMARKS.md]
 
 Each model is ``examples/llama_script.py --model timm:NAME`` or ``hf:CLASS`` at random init
@@ -20,7 +20,8 @@ Results are kept per model in ``--out``/zoo.json, written after every run: a run
 (a time limit, SIGTERM) keeps what it finished, and the next invocation with the same
 ``--out`` goes on with the models and runs not done yet (``--again``: all of them again), so
 the whole zoo is many calls, one table. ``zoo.md`` and ``zoo.png`` are rendered at the end of
-every invocation.
+every invocation. ``--lanes N`` runs N models at once, each lane on its own block of the
+cores with a cluster of its own (``bench/zoo_lanes.py``: what that changes, and why pinned).
 """
 
 from __future__ import annotations
@@ -36,18 +37,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench import zoo_lanes
 from bench.ddp import run_job
 from bench.harness import ROOT, Cluster, new_workdir
 from bench.matrix import (
     DEFAULT_RUNS,
     RUNS,
     TimeUp,
-    _ready,
     _s,
     _time_up,
     _x,
     pyplot,
-    ratios,
     ready_s,
     render_files,
     step_s,
@@ -75,8 +75,11 @@ def _load(out: Path) -> dict[str, Any]:
 
 def script_args(model: ZooModel, size: str, gpu: bool) -> list[str]:
     """The training script's arguments for ``model``: on ``cuda:0`` with bf16 autocast where
-    there is a GPU (the script's own default is the CPU), three steps."""
-    return [*model.args(size), "--device", "cuda:0" if gpu else "cpu", "--steps", "3"]
+    there is a GPU (the script's own default is the CPU). Ten steps on a GPU, where a steady
+    step is tens of milliseconds and three steps' last two (the first GPU zoo's) differed by
+    half within one stock run; three on a CPU, whose steps take up to seconds."""
+    steps = "10" if gpu else "3"
+    return [*model.args(size), "--device", "cuda:0" if gpu else "cpu", "--steps", steps]
 
 
 def run_model(
@@ -93,6 +96,22 @@ def run_model(
     remote caches."""
     args = script_args(model, size, cluster.gpu)
     cell: dict[str, Any] = {"suite": model.suite}
+    _runs(cluster, workdir, model, args, runs, cell, saved)
+    if "skipped" not in cell and (again := second_looks(cell)):
+        print(f"zoo: {model.name}: again: {', '.join(again)}", flush=True)
+        _runs(cluster, workdir, model, args, again, cell, saved)
+    return cell
+
+
+def _runs(
+    cluster: Cluster,
+    workdir: Path,
+    model: ZooModel,
+    args: list[str],
+    runs: list[str],
+    cell: dict[str, Any],
+    saved: Callable[[dict[str, Any]], None],
+) -> None:
     for name, mode, before, reuse in RUNS:
         if name not in runs:
             continue
@@ -117,7 +136,7 @@ def run_model(
             if name == "eager":  # nothing builds it here: said, and the rest not tried
                 cell["skipped"] = _last_line(str(failed))
                 saved(cell)
-                return cell
+                return
         else:
             run["ready_s"] = ready_s(run, "zoo")
             run["step_s"] = step_s(run, "zoo")
@@ -125,7 +144,32 @@ def run_model(
             cell[name] = run
             print(f"{tag}: first step {run['ready_s']} s", flush=True)
         saved(cell)
-    return cell
+
+
+#: compileq's repeated runs, counted with its first ones in every verdict.
+AGAIN_OURS = ("compileq_cold_again", "compileq_new_again")
+#: Each second look: the runs it repeats. "Two repetitions where one run says otherwise."
+AGAIN = {
+    "cold": ["stock_cold_again", "compileq_cold_again"],
+    "new/warm": ["stock_warm_local_again", "compileq_new_again"],
+    "losses": ["stock_cold_again"],
+}
+
+
+def second_looks(cell: dict[str, Any]) -> list[str]:
+    """The runs to repeat for a model whose first runs say compileq is slower than stock
+    (cold, or new machine against stock's warm local cache) or its losses outside stock's
+    spread (stock compiled again from nothing gives that spread, its autotuning's choices
+    included: its warm runs replay its cold run's kernels). In RUNS order; none twice."""
+    r = ratios(cell)
+    wanted = {
+        run
+        for look, runs in AGAIN.items()
+        if (losses_agree(cell) is False if look == "losses" else (r[look] or 0) > EVERY[look])
+        for run in runs
+        if run not in cell
+    }
+    return [name for name, *_ in RUNS if name in wanted]
 
 
 def complete(cell: dict[str, Any] | None, runs: list[str]) -> bool:
@@ -156,6 +200,13 @@ def main(argv: list[str] | None = None) -> int:
         help="COMPILEQ_DEADLINE_S of every run (default: compileq's own); a loaded machine's "
         "codegen may outlast 60 s, and a graph then compiles in process too",
     )
+    parser.add_argument(
+        "--lanes",
+        type=int,
+        default=1,
+        help="run this many models at once, each lane on its own share of the cores "
+        "(bench/zoo_lanes.py)",
+    )
     parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "bench-out" / "zoo"))
     args = parser.parse_args(argv)
     gpu = torch.cuda.is_available()
@@ -177,11 +228,13 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = _load(out)
+    if args.lanes > 1:
+        return _in_lanes(args, size, runs, chosen, out)
     import triton
 
     results["meta"] = {
         "device": torch.cuda.get_device_name(0) if gpu else "CPU only",
-        "cores": os.cpu_count(),
+        "cores": len(os.sched_getaffinity(0)),
         "torch": torch.__version__,
         "triton": triton.__version__,
         "size": size,
@@ -222,13 +275,66 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _in_lanes(
+    args: argparse.Namespace,
+    size: str,
+    runs: list[str],
+    chosen: list[ZooModel],
+    out: Path,
+) -> int:
+    """``--lanes N``: the models not done yet, dealt to N lanes; one table over them all.
+    What an earlier invocation's lanes left (one cut short before its merge) is merged first,
+    and their dirs emptied: a lane's zoo.json then holds this invocation's models only, and
+    an earlier lane's cut-short cell can never overwrite a later lane's finished one."""
+    results = zoo_lanes.recover(out)
+    todo = [
+        m.name for m in chosen if args.again or not complete(results["models"].get(m.name), runs)
+    ]
+    passed = ["--size", size, "--runs", ",".join(runs)]
+    if args.again:
+        passed.append("--again")
+    if args.deadline_s is not None:
+        passed += ["--deadline-s", str(args.deadline_s)]
+    try:
+        lanes = zoo_lanes.run(todo, args.lanes, out, passed) if todo else []
+    except ValueError as bad:
+        raise SystemExit(f"python -m bench zoo: {bad}") from None
+    merged = zoo_lanes.merge(out, lanes)
+    write_atomically(out / "zoo.md", render([merged]).encode())
+    chart([merged], out / "zoo.png")
+    print((out / "zoo.md").read_text())
+    return 0
+
+
 # -- what a model's runs say -------------------------------------------------------------------
 
 
+def _ready(cell: dict[str, Any], name: str) -> float | None:
+    """A run's first step, the mean with its repetition where there is one (``AGAIN``)."""
+    times = [t for run in (name, f"{name}_again") if (t := (cell.get(run) or {}).get("ready_s"))]
+    return round(statistics.fmean(times), 3) if times else None
+
+
+def ratios(cell: dict[str, Any]) -> dict[str, float | None]:
+    """compileq's first step over stock's: cold, new machine against stock's warm local
+    cache and against its remote cache; each side the mean of its runs."""
+
+    def ratio(a: str, b: str) -> float | None:
+        x, y = _ready(cell, a), _ready(cell, b)
+        return round(x / y, 2) if x is not None and y else None
+
+    return {
+        "cold": ratio("compileq_cold", "stock_cold"),
+        "new/warm": ratio("compileq_new", "stock_warm_local"),
+        "new/remote": ratio("compileq_new", "stock_remote_new"),
+    }
+
+
 def loss_gap(cell: dict[str, Any]) -> tuple[float, float] | None:
-    """compileq's largest loss difference from stock's cold run, over both compileq runs and
-    every step, and stock's own between its runs (its run-to-run spread); None where a run is
-    missing."""
+    """compileq's largest loss difference from stock's cold run, over compileq's runs and
+    every step, and stock's own between its runs (its run-to-run spread: its warm runs replay
+    its cold run's kernels; ``stock_cold_again``, where run, compiled them again); None where
+    a run is missing."""
     stock = (cell.get("stock_cold") or {}).get("losses")
     if not stock:
         return None
@@ -239,8 +345,14 @@ def loss_gap(cell: dict[str, Any]) -> tuple[float, float] | None:
             return None
         return max(abs(a - b) for a, b in zip(losses[0], stock[0], strict=False))
 
-    ours = [g for g in (gap("compileq_cold"), gap("compileq_new")) if g is not None]
-    spread = [g for g in (gap("stock_warm_local"), gap("stock_remote_new")) if g is not None]
+    ours = [
+        g for g in (gap(n) for n in ("compileq_cold", "compileq_new", *AGAIN_OURS)) if g is not None
+    ]
+    spread = [
+        g
+        for g in (gap("stock_warm_local"), gap("stock_remote_new"), gap("stock_cold_again"))
+        if g is not None
+    ]
     if not ours:
         return None
     return max(ours), max(spread, default=0.0)
@@ -258,12 +370,15 @@ def losses_agree(cell: dict[str, Any]) -> bool | None:
 
 def verdicts(cell: dict[str, Any]) -> dict[str, Any]:
     """What the targets ask of one model: no fallback, no codegen in the training process, no
-    graph generated on a new machine, losses within stock's spread."""
-    cold, new = cell.get("compileq_cold") or {}, cell.get("compileq_new") or {}
+    graph generated on a new machine, losses within stock's spread; over every compileq run,
+    repetitions included."""
+    ours = [cell.get(n) or {} for n in ("compileq_cold", "compileq_new", *AGAIN_OURS)]
+    news = [cell[n] for n in ("compileq_new", "compileq_new_again") if n in cell]
+    generated = [run["codegens"] for run in news if "codegens" in run]
     return {
-        "fallbacks": cold.get("fallbacks", 0) + new.get("fallbacks", 0),
-        "in_process": cold.get("fx_local_compiles", 0) + new.get("fx_local_compiles", 0),
-        "generated_new": new.get("codegens"),
+        "fallbacks": sum(run.get("fallbacks", 0) for run in ours),
+        "in_process": sum(run.get("fx_local_compiles", 0) for run in ours),
+        "generated_new": max(generated) if generated else None,
         "losses_agree": losses_agree(cell),
     }
 
@@ -347,12 +462,20 @@ def render(files: list[dict[str, Any]]) -> str:
         )
     metas = sorted(
         {
-            f"{m.get('device')}, torch {m.get('torch')}, triton {m.get('triton')}, "
-            f"{m.get('size')} sizes"
-            for m in (d["meta"] for d in files)
+            f"{m.get('device')}, {m.get('cores')} cores, torch {m.get('torch')}, "
+            f"triton {m.get('triton')}, {m.get('size')} sizes"
+            for m in (meta for d in files for meta in d.get("metas") or [d["meta"]])
             if m
         }
     )
+    repeated = [
+        f"{name} ({', '.join(n.removesuffix('_again') for n in cell if n.endswith('_again'))})"
+        for name, cell in sorted(cells.items())
+        if any(n.endswith("_again") for n in cell)
+    ]
+    if repeated:
+        lines += ["", "Run twice where one run said slower or off (the mean shown): "
+                  + "; ".join(repeated) + "."]  # fmt: skip
     lines += ["", "Measured on: " + "; ".join(metas) + "."]
     return "\n".join(lines) + "\n"
 

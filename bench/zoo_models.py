@@ -261,7 +261,15 @@ MODELS: tuple[ZooModel, ...] = (
     # sequence lengths as huggingface.py sets them (at most 512 here).
     _hf("AlbertForMaskedLM", 4, "AlbertConfig"),
     _hf("AlbertForQuestionAnswering", 8, "AlbertConfig"),
-    _hf("AllenaiLongformerBase", 4, "LongformerConfig", "LongformerForMaskedLM"),
+    # Position ids start after the padding index (RoBERTa's family): 512 tokens need 514
+    # positions, as the checkpoints have (the config classes' default, 512, does not).
+    _hf(
+        "AllenaiLongformerBase",
+        4,
+        "LongformerConfig",
+        "LongformerForMaskedLM",
+        gpu={"max_position_embeddings": 4098},
+    ),
     _hf("BartForCausalLM", 4, "BartConfig"),
     _hf("BartForConditionalGeneration", 4, "BartConfig"),
     _hf("BertForMaskedLM", 16, "BertConfig"),
@@ -299,8 +307,8 @@ MODELS: tuple[ZooModel, ...] = (
     _hf("PLBartForConditionalGeneration", 8, "PLBartConfig"),
     _hf("PegasusForCausalLM", 32, "PegasusConfig", length=128),
     _hf("PegasusForConditionalGeneration", 64, "PegasusConfig", length=128),
-    _hf("RobertaForCausalLM", 16, "RobertaConfig"),
-    _hf("RobertaForQuestionAnswering", 32, "RobertaConfig"),
+    _hf("RobertaForCausalLM", 16, "RobertaConfig", gpu={"max_position_embeddings": 514}),
+    _hf("RobertaForQuestionAnswering", 32, "RobertaConfig", gpu={"max_position_embeddings": 514}),
     _hf("T5ForConditionalGeneration", 4, "T5Config"),
     _hf("T5Small", 4, "T5Config", "T5ForConditionalGeneration"),
     _hf("TrOCRForCausalLM", 32, "TrOCRConfig", length=256),

@@ -152,3 +152,100 @@ def test_the_zoos_table_and_summary_read_ratios_losses_and_misses_off_the_runs()
     assert "| fast | timm |" in table and "**1.20**" in table and "skipped: ImportError" in table
     assert zoo.losses_agree(results["models"]["fast"]) is True
     assert zoo.losses_agree(results["models"]["slow"]) is False
+
+
+def test_lanes_share_the_cores_in_contiguous_blocks_and_deal_the_models_in_turn() -> None:
+    from bench import zoo_lanes
+
+    assert zoo_lanes.split_cpus(list(range(16)), 4) == [
+        [0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]
+    ]  # fmt: skip
+    assert zoo_lanes.split_cpus([7, 3, 5, 1, 9], 2) == [[1, 3, 5], [7, 9]]
+    with pytest.raises(ValueError, match="only 2 CPUs to share among them"):
+        zoo_lanes.split_cpus([0, 1], 3)
+    assert zoo_lanes.deal(["a", "b", "c", "d", "e"], 2) == [["a", "c", "e"], ["b", "d"]]
+    assert zoo_lanes.deal(["a"], 3) == [["a"]]  # a lane with no model starts nothing
+
+
+@pytest.mark.slow  # two clusters started on one core each: a minute; make test-all runs it
+def test_models_in_lanes_run_each_on_its_own_cores_and_come_out_as_one_table(
+    tmp_path: Path,
+) -> None:
+    # The eager run only: what is tested is the lanes, not the compiles (the subset's).
+    models = ("deit_tiny_patch16_224.fb_in1k", "BertForMaskedLM")
+    cores = len(os.sched_getaffinity(0))
+    proc = run_zoo(
+        tmp_path, "--lanes", "2", "--models", ",".join(models), "--size", "tiny", "--runs", "eager"
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    merged = json.loads((tmp_path / "zoo.json").read_text())
+    for k, model in enumerate(models):
+        lane = json.loads((tmp_path / f"lane-{k}" / "zoo.json").read_text())
+        assert list(lane["models"]) == [model]
+        assert lane["meta"]["cores"] == (cores // 2 if k else cores - cores // 2)
+        assert merged["models"][model]["eager"]["ranks_first_step_s"], model
+    assert len(merged["metas"]) >= 1
+    table = (tmp_path / "zoo.md").read_text()
+    assert all(f"| {model} |" in table for model in models)
+    # Again on the same --out: both done, no lane started.
+    again = run_zoo(
+        tmp_path, "--lanes", "2", "--models", ",".join(models), "--size", "tiny", "--runs", "eager"
+    )
+    assert again.returncode == 0 and "zoo lane" not in again.stdout, again.stdout[-2000:]
+
+
+def test_an_earlier_lanes_cut_short_model_never_overwrites_one_a_later_lane_finished(
+    tmp_path: Path,
+) -> None:
+    from bench import zoo_lanes
+
+    def lane(k: int, models: dict[str, Any]) -> None:
+        (tmp_path / f"lane-{k}").mkdir(exist_ok=True)
+        data = {"meta": {"cores": 4}, "models": models}
+        (tmp_path / f"lane-{k}" / "zoo.json").write_text(json.dumps(data))
+
+    cut_short = {"suite": "hf", "eager": _run(1.0, [1.0])}
+    finished = {**cut_short, "stock_cold": _run(9.0, [1.0]), "compileq_cold": _run(6.0, [1.0])}
+    lane(1, {"A": cut_short})  # an invocation cut short before its merge: A was in lane 1
+    merged = zoo_lanes.recover(tmp_path)  # the next invocation, before its lanes start
+    assert merged["models"]["A"] == cut_short and not list(tmp_path.glob("lane-*"))
+    lane(0, {"A": finished})  # now dealt to lane 0, where it finishes
+    lane(1, {"B": cut_short})
+    merged = zoo_lanes.merge(tmp_path, [tmp_path / "lane-0", tmp_path / "lane-1"])
+    assert merged["models"] == {"A": finished, "B": cut_short}
+    assert json.loads((tmp_path / "zoo.json").read_text())["models"]["A"] == finished
+
+
+def test_a_model_one_run_calls_slower_or_off_is_run_again_and_its_means_are_the_figures() -> None:
+    same = [2.0, 1.5]
+    fine = {
+        "stock_cold": _run(10.0, same),
+        "stock_warm_local": _run(4.0, same),
+        "stock_remote_new": _run(5.0, same),
+        "compileq_cold": _run(6.0, same),
+        "compileq_new": _run(2.0, same, codegens=0),
+    }
+    assert zoo.second_looks(fine) == []
+    slow_cold = {**fine, "compileq_cold": _run(11.0, same)}
+    assert zoo.second_looks(slow_cold) == ["stock_cold_again", "compileq_cold_again"]
+    off = {**fine, "compileq_new": _run(2.0, [2.0, 1.6], codegens=0)}
+    assert zoo.second_looks(off) == ["stock_cold_again"]
+    # Stock compiled again from nothing differs as much: within its spread after all.
+    assert zoo.losses_agree(off) is False
+    settled = {**off, "stock_cold_again": _run(9.0, [2.0, 1.62])}
+    assert zoo.losses_agree(settled) is True and zoo.second_looks(settled) == []
+    # The figures are the means of a run and its repetition.
+    twice = {
+        **slow_cold,
+        "stock_cold_again": _run(12.0, same),
+        "compileq_cold_again": _run(7.0, same),
+    }
+    assert zoo.ratios(twice)["cold"] == round(9.0 / 11.0, 2)
+    assert "Run twice where one run said slower or off" in zoo.render(
+        [{"meta": {}, "models": {"m": twice}}]
+    )
+    # A repetition's fallback or in-process codegen counts like the first run's.
+    assert (
+        zoo.verdicts({**twice, "compileq_cold_again": _run(7.0, same, fallbacks=1)})["fallbacks"]
+        == 1
+    )
