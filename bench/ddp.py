@@ -110,6 +110,8 @@ SAME_NAME_COUNTERS = (
     "pad_decision_timings",
     "ddp_subgraph_loads",
     "ddp_subgraph_records",
+    # Jobs waited for past the deadline while a live worker built them (cache/building.py).
+    "waited_past_deadline",
 )
 
 

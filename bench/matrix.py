@@ -342,9 +342,16 @@ def _ready(cell: dict[str, Any], name: str) -> float | None:
     return run.get("ready_s")
 
 
-def ratios(cell: dict[str, Any]) -> dict[str, float | None]:
+def ratios(
+    cell: dict[str, Any],
+    ready: Callable[[dict[str, Any], str], float | None] = _ready,
+) -> dict[str, float | None]:
+    """compileq's first step over stock's: cold, new machine against stock's warm local
+    cache and against its remote cache. ``ready``: a run's first step (the zoo's: the mean
+    with the run's repetition)."""
+
     def ratio(a: str, b: str) -> float | None:
-        x, y = _ready(cell, a), _ready(cell, b)
+        x, y = ready(cell, a), ready(cell, b)
         return round(x / y, 2) if x is not None and y else None
 
     return {

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import zoo_lanes
+from bench import matrix, zoo_lanes
 from bench.ddp import run_job
 from bench.harness import ROOT, Cluster, new_workdir
 from bench.matrix import (
@@ -316,18 +316,8 @@ def _ready(cell: dict[str, Any], name: str) -> float | None:
 
 
 def ratios(cell: dict[str, Any]) -> dict[str, float | None]:
-    """compileq's first step over stock's: cold, new machine against stock's warm local
-    cache and against its remote cache; each side the mean of its runs."""
-
-    def ratio(a: str, b: str) -> float | None:
-        x, y = _ready(cell, a), _ready(cell, b)
-        return round(x / y, 2) if x is not None and y else None
-
-    return {
-        "cold": ratio("compileq_cold", "stock_cold"),
-        "new/warm": ratio("compileq_new", "stock_warm_local"),
-        "new/remote": ratio("compileq_new", "stock_remote_new"),
-    }
+    """The matrix's ratios, each side the mean of its runs."""
+    return matrix.ratios(cell, _ready)
 
 
 def loss_gap(cell: dict[str, Any]) -> tuple[float, float] | None:
