@@ -17,7 +17,9 @@ live worker marks, for as long as the mark lives, up to the worker's own hard ti
 (``COMPILEQ_TASK_TIME_LIMIT_S``, which ends any build by then). A worker that dies stops
 renewing: its mark lapses within ``TTL_MS`` and the client falls back as before. A mark is
 trusted only if it verifies for that very key and its signed lifetime has not run out on
-Redis's clock: a writer without the secret can make no client wait.
+Redis's clock: a writer without the secret can make no client wait. Triton kernels are not
+marked: the kernel client's listener waits for them with its own deadline (a kernel builds in
+a second or two), and a mark per kernel would cost two Redis calls each.
 
 Rejected alternatives: a longer deadline (it would also keep a client waiting on a job that no
 worker will take); the lease itself as the mark (its owner is the sender, who renews it while

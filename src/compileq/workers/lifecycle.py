@@ -164,6 +164,8 @@ def keeping_lease(key: object) -> Iterator[None]:
         return
     client, secret = _context.store.client, _context.settings.secret_bytes()
     worker = _context.worker_id
+    # Kernels are waited for by the kernel client's listener, which never reads marks.
+    marking = not key.startswith(keys.artifact("triton", ""))
     done = threading.Event()
     marked = threading.Event()
 
@@ -175,13 +177,15 @@ def keeping_lease(key: object) -> Iterator[None]:
         pause = low
         while not done.wait(pause):
             with contextlib.suppress(redis.RedisError):
-                building.mark(client, key, secret, worker)
-                marked.set()
+                if marking:
+                    building.mark(client, key, secret, worker)
+                    marked.set()
                 if time.monotonic() >= lease_due:
                     ttl_ms = leases.extend(client, key, secret)
                     every = min(max(ttl_ms / 3000, low), high) if ttl_ms else low
                     lease_due = time.monotonic() + every
-            pause = min(building.EVERY_S, max(lease_due - time.monotonic(), low))
+            until_lease = max(lease_due - time.monotonic(), low)
+            pause = min(building.EVERY_S, until_lease) if marking else until_lease
 
     keeper = threading.Thread(target=keep, name="compileq-lease-keeper", daemon=True)
     keeper.start()
