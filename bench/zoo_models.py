@@ -248,7 +248,7 @@ MODELS: tuple[ZooModel, ...] = (
         tiny_size=224,
     ),
     _timm("tf_efficientnet_b0", 128),
-    _timm("visformer_small", 128),
+    _timm("visformer_small", 128, tiny={"img_size": 64}),  # it asserts its input size
     _timm(
         "vit_base_patch14_dinov2.lvd142m",
         128,
