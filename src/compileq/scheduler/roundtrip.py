@@ -375,7 +375,7 @@ class Watcher:
             now = time.monotonic()
             left = until - now
             if left <= 0 and now < hard and (marked := self._building(waiting)):
-                self._waiting_on(marked - waited_on, until)
+                self._waiting_on(marked - waited_on)
                 waited_on |= marked
                 self._settle_late(waiting - marked, out)  # the rest end now, as before
                 waiting = set(marked)
@@ -408,7 +408,7 @@ class Watcher:
             {*out.late, *(keys_ - set(seen.found) - set(seen.failed) - set(seen.lost))}
         )
 
-    def _waiting_on(self, new: set[str], until: float) -> None:
+    def _waiting_on(self, new: set[str]) -> None:
         if not new:
             return
         self._store.count({Counter.WAITED_PAST_DEADLINE: len(new)})
