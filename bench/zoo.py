@@ -89,15 +89,16 @@ def run_model(
     size: str,
     runs: list[str],
     saved: Callable[[dict[str, Any]], None],
+    once: bool = False,
 ) -> dict[str, Any]:
     """Every run of ``runs`` for ``model``, in order, ``saved`` after each. All of them, also
     where an earlier invocation finished some: a new machine's run means something only on
     the cluster its cold run filled, and stock's warm runs only on its cold run's dirs and
-    remote caches."""
+    remote caches. Then its second looks (``second_looks``), unless ``once``."""
     args = script_args(model, size, cluster.gpu)
     cell: dict[str, Any] = {"suite": model.suite}
     _runs(cluster, workdir, model, args, runs, cell, saved)
-    if "skipped" not in cell and (again := second_looks(cell)):
+    if not once and "skipped" not in cell and (again := second_looks(cell)):
         print(f"zoo: {model.name}: again: {', '.join(again)}", flush=True)
         _runs(cluster, workdir, model, args, again, cell, saved)
     return cell
@@ -194,6 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", default=",".join(DEFAULT_RUNS))
     parser.add_argument("--again", action="store_true", help="run models already done again")
     parser.add_argument(
+        "--once",
+        action="store_true",
+        help="each run once: no second look at a model one run calls slower or off",
+    )
+    parser.add_argument(
         "--deadline-s",
         type=float,
         default=None,
@@ -259,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                 _save(out, results)
 
             print(f"zoo: {model.name}", flush=True)
-            saved(run_model(cluster, workdir, model, size, runs, saved))
+            saved(run_model(cluster, workdir, model, size, runs, saved, args.once))
     finally:
         try:
             cluster.close()
@@ -293,6 +299,8 @@ def _in_lanes(
     passed = ["--size", size, "--runs", ",".join(runs)]
     if args.again:
         passed.append("--again")
+    if args.once:
+        passed.append("--once")
     if args.deadline_s is not None:
         passed += ["--deadline-s", str(args.deadline_s)]
     try:
