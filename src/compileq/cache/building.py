@@ -57,9 +57,14 @@ def value(secret: bytes, key: str, worker: str, at_ms: int) -> str:
 
 def mark(client: redis.Redis, key: str, secret: bytes, worker: str) -> None:
     """Say (again) that ``worker`` is building ``key``: its mark signed with Redis's time now."""
-    seconds, micros = client.time()
-    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    now_ms = _ms(client.time())
     client.set(keys.building(key), value(secret, key, worker, now_ms), px=TTL_MS)
+
+
+def _ms(clock: tuple[int, int]) -> int:
+    """Redis's ``TIME`` reply in milliseconds: marks are judged on its clock, never a node's."""
+    seconds, micros = clock
+    return int(seconds) * 1000 + int(micros) // 1000
 
 
 def unmark(client: redis.Redis, key: str) -> None:
@@ -87,6 +92,6 @@ def building(client: redis.Redis, secret: bytes, names: Collection[str]) -> set[
     pipe = client.pipeline(transaction=False)
     pipe.time()
     pipe.mget([keys.building(k) for k in ordered])
-    (seconds, micros), raws = pipe.execute()
-    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    clock, raws = pipe.execute()
+    now_ms = _ms(clock)
     return {k for k, raw in zip(ordered, raws, strict=True) if _live(secret, k, raw, now_ms)}

@@ -384,10 +384,7 @@ class Watcher:
             seen = self.check(done, waiting, force=left <= 0)
             if hoped and (seen.polled or not hoped.keys().isdisjoint(done)):
                 self._early(hoped)
-            out.found.update(seen.found)
-            out.failed.update(seen.failed)
-            out.lost.extend(seen.lost)
-            waiting.difference_update(seen.found, seen.failed, seen.lost)
+            waiting -= _record(seen, out)
             if left <= 0:
                 out.late = sorted({*out.late, *waiting})
                 break
@@ -400,13 +397,8 @@ class Watcher:
         """The keys no live worker builds at the deadline: read once more, else late."""
         if not keys_:
             return
-        seen = self.check({}, keys_, force=True)
-        out.found.update(seen.found)
-        out.failed.update(seen.failed)
-        out.lost.extend(seen.lost)
-        out.late = sorted(
-            {*out.late, *(keys_ - set(seen.found) - set(seen.failed) - set(seen.lost))}
-        )
+        ended = _record(self.check({}, keys_, force=True), out)
+        out.late = sorted({*out.late, *(keys_ - ended)})
 
     def _waiting_on(self, new: set[str]) -> None:
         if not new:
@@ -420,6 +412,14 @@ class Watcher:
             len(new),
             building.TTL_MS / 1000,
         )
+
+
+def _record(seen: Round, out: Waited) -> set[str]:
+    """What one look found, added to ``out``; the keys it ended (found, failed or lost)."""
+    out.found.update(seen.found)
+    out.failed.update(seen.failed)
+    out.lost.extend(seen.lost)
+    return {*seen.found, *seen.failed, *seen.lost}
 
 
 def send_and_wait(
