@@ -241,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     results["meta"] = {
         "device": torch.cuda.get_device_name(0) if gpu else "CPU only",
         "cores": len(os.sched_getaffinity(0)),
+        # What the worker left to the ranks, where set (its default depends on the cores).
+        "worker_leave_cores": os.environ.get("COMPILEQ_WORKER_LEAVE_CORES") or "default",
         "torch": torch.__version__,
         "triton": triton.__version__,
         "size": size,
@@ -403,6 +405,7 @@ def summary(files: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "models": len(cells),
         "measured": len(measured),
+        "complete": sum(_finished(c) == len(DEFAULT_RUNS) for c in measured.values()),
         "timm": sum(c.get("suite") == "timm" for c in measured.values()),
         "hf": sum(c.get("suite") == "hf" for c in measured.values()),
         "skipped": sorted(n for n, c in cells.items() if "skipped" in c),
@@ -412,33 +415,64 @@ def summary(files: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _cells(files: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    cells: dict[str, dict[str, Any]] = {}
+def _finished(cell: dict[str, Any]) -> int:
+    """How many of the zoo's six runs a cell has (a skipped model: all it will ever have)."""
+    if "skipped" in cell:
+        return len(DEFAULT_RUNS)
+    return sum(isinstance(cell.get(run), dict) and "ready_s" in cell[run] for run in DEFAULT_RUNS)
+
+
+def _winners(files: list[dict[str, Any]]) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+    """Each model's cell and its file's meta: a later file's, unless it finished fewer runs
+    (a call cut short mid-model does not hide what an earlier one finished)."""
+    won: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
     for data in files:
-        cells.update(data["models"])
-    return cells
+        for name, cell in data["models"].items():
+            if name not in won or _finished(cell) >= _finished(won[name][0]):
+                won[name] = (cell, data.get("meta") or {})
+    return won
+
+
+def _cells(files: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {name: cell for name, (cell, _meta) in _winners(files).items()}
+
+
+def _cores(files: list[dict[str, Any]]) -> dict[str, str]:
+    """Each model's cores, and the cores its worker was told to leave to the ranks where it
+    was told: from the meta of the file whose cell won (a file merged from lanes has the same
+    cores in each lane's meta)."""
+    cores: dict[str, str] = {}
+    for name, (_cell, meta) in _winners(files).items():
+        left = meta.get("worker_leave_cores")
+        cores[name] = f"{meta.get('cores', '-')}" + (
+            f" (left {left})" if left not in (None, "default") else ""
+        )
+    return cores
 
 
 def render(files: list[dict[str, Any]]) -> str:
     """One markdown table over every model of every file (a later file's model wins)."""
     cells = _cells(files)
+    cores = _cores(files)
     s = summary(files)
     med = s["medians"]
     lines = [
-        f"{s['measured']} models measured ({s['timm']} timm, {s['hf']} HuggingFace), "
-        f"{len(s['skipped'])} skipped. Medians: cold {_s(med['cold'])}x of stock cold, new "
+        f"{s['measured']} models measured ({s['timm']} timm, {s['hf']} HuggingFace; "
+        f"{s['complete']} with all six runs), {len(s['skipped'])} skipped. Medians: cold {_s(med['cold'])}x of stock cold, new "
         f"machine {_s(med['new/warm'])}x of stock warm local and {_s(med['new/remote'])}x of "
         "stock remote (targets: 0.6, 0.5, 0.4). First step in seconds, each run a fresh process "
         "on fresh local dirs; ratios in bold are slower than stock.",
         "",
-        "| model | suite | eager | stock cold | cq cold | cold ratio | stock warm local "
+        "| model | suite | cores | eager | stock cold | cq cold | cold ratio | stock warm local "
         "| stock remote new | cq new | new / warm | new / remote | fallbacks | in process "
         "| generated new | losses within stock's spread | step ms stock / cq |",
-        "|---|" + "---|" * 15,
+        "|---|" + "---|" * 16,
     ]
     for name, cell in sorted(cells.items()):
         if "skipped" in cell:
-            lines.append(f"| {name} | {cell.get('suite', '-')} | skipped: {cell['skipped']} |")
+            lines.append(
+                f"| {name} | {cell.get('suite', '-')} | {cores[name]} | skipped: {cell['skipped']} |"
+            )
             continue
         r, v = ratios(cell), verdicts(cell)
         failed = [n for n, run in cell.items() if isinstance(run, dict) and "failed" in run]
@@ -449,7 +483,7 @@ def render(files: list[dict[str, Any]]) -> str:
             return "-" if step is None else f"{1000 * step:.1f}"
 
         lines.append(
-            f"| {name} | {cell.get('suite', '-')} | {_s(_ready(cell, 'eager'))} "
+            f"| {name} | {cell.get('suite', '-')} | {cores[name]} | {_s(_ready(cell, 'eager'))} "
             f"| {_s(_ready(cell, 'stock_cold'))} | {_s(_ready(cell, 'compileq_cold'))} "
             f"| {_x(r['cold'], EVERY['cold'])} | {_s(_ready(cell, 'stock_warm_local'))} "
             f"| {_s(_ready(cell, 'stock_remote_new'))} | {_s(_ready(cell, 'compileq_new'))} "
@@ -462,6 +496,11 @@ def render(files: list[dict[str, Any]]) -> str:
         {
             f"{m.get('device')}, {m.get('cores')} cores, torch {m.get('torch')}, "
             f"triton {m.get('triton')}, {m.get('size')} sizes"
+            + (
+                f", COMPILEQ_WORKER_LEAVE_CORES={m['worker_leave_cores']}"
+                if m.get("worker_leave_cores") not in (None, "default")
+                else ""
+            )
             for m in (meta for d in files for meta in d.get("metas") or [d["meta"]])
             if m
         }

@@ -24,14 +24,15 @@ finished); the merged ``zoo.json``, ``zoo.md`` and ``zoo.png`` are written to ``
 the end, also after a SIGTERM, which is passed on to every lane. The next invocation merges
 what lanes left first and empties their dirs (``recover``).
 
-Measured on the H200 (docs/BENCHMARKS.md, twenty-seventh session): lanes are not the same
-machine as the host. Four lanes of 4 cores gave compileq's cold first step 0.79-1.45x of
-stock's (median 1.0x), where the whole 16-core host gave three of them 0.66-0.85x. The likely
-cause, read off the worker's log: a worker of three CPUs (one core is left to the rank) that
-generates a graph in one pool process builds its kernels in the other two, where stock's pool
-builds them in four beside its codegen.
-So lanes measure "a host of N cores per GPU", not the H200 host; the zoo's figures for one
-H200 come from one lane.
+Measured on the H200 (docs/BENCHMARKS.md, twenty-seventh and twenty-eighth sessions): four
+lanes of 4 cores first gave compileq's cold first step 0.79-1.45x of stock's (median 1.0x),
+where the whole 16-core host gave three of them 0.66-0.85x. The cause, read off the worker's
+log: a worker of three CPUs (it left one core to the rank) that generates a graph in one pool
+process builds its kernels in the other two, where stock's pool builds them in four beside its
+codegen. Since a worker under 8 CPUs per GPU leaves no core (``workers/cpus.default_leave``),
+4-core lanes gave 0.63-0.99x over 24 models (DistilBERT 1.45x -> 0.77x, convnext_tiny
+1.08x -> 0.72x). Lanes still measure "a host of N cores per GPU", not the H200 host: the table
+names each model's cores.
 """
 
 from __future__ import annotations

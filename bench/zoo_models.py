@@ -152,6 +152,7 @@ _LAYER_KEYS = frozenset(("num_hidden_layers", "encoder_layers", "decoder_layers"
     "n_layers",
 }
 GPU_LAYERS = 4
+_NEO_GPU = {"attention_types": [[["global", "local"], GPU_LAYERS // 2]]}
 
 
 @dataclass(frozen=True)
@@ -289,8 +290,9 @@ MODELS: tuple[ZooModel, ...] = (
     _hf("GPT2ForSequenceClassification", 4, "GPT2Config"),
     _hf("GPTJForCausalLM", 1, "GPTJConfig", length=128),
     _hf("GPTJForQuestionAnswering", 1, "GPTJConfig", length=128),
-    _hf("GPTNeoForCausalLM", 32, "GPTNeoConfig", length=128),
-    _hf("GPTNeoForSequenceClassification", 32, "GPTNeoConfig", length=128),
+    # The config class counts its layers from attention_types (24 by default): four here.
+    _hf("GPTNeoForCausalLM", 32, "GPTNeoConfig", length=128, gpu=_NEO_GPU),
+    _hf("GPTNeoForSequenceClassification", 32, "GPTNeoConfig", length=128, gpu=_NEO_GPU),
     _hf("GoogleFnet", 16, "FNetConfig", "FNetForMaskedLM"),
     _hf("LayoutLMForMaskedLM", 16, "LayoutLMConfig"),
     _hf("LayoutLMForSequenceClassification", 32, "LayoutLMConfig"),

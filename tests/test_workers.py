@@ -393,6 +393,18 @@ def test_a_worker_leaves_whole_physical_cores_with_their_smt_siblings(tmp_path: 
         cpus.leaving(every, -1, topology)
 
 
+def test_a_gpu_worker_leaves_a_core_per_gpu_only_where_it_has_eight_cpus_per_gpu() -> None:
+    from compileq.workers import cpus
+
+    assert cpus.default_leave(set(range(16)), 1) == 1  # one H200 on 16 cores
+    assert cpus.default_leave(set(range(32)), 2) == 2
+    assert cpus.default_leave(set(range(8)), 1) == 1
+    # Under 8 per GPU the builds are what the first step waits for: no core is left.
+    assert cpus.default_leave(set(range(4)), 1) == 0
+    assert cpus.default_leave(set(range(12)), 2) == 0
+    assert cpus.default_leave(set(range(4)), 0) == 0
+
+
 def test_a_gpu_node_worker_leaves_a_core_per_gpu_and_sizes_its_pools_on_the_rest(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -403,11 +415,15 @@ def test_a_gpu_node_worker_leaves_a_core_per_gpu_and_sizes_its_pools_on_the_rest
     )
     mine = sorted(cpus.usable())
     specs = plan("all", False, [], None, cpu_list=cpus.describe(set(mine)))
-    # Two GPUs: two cores left (this machine's cores have no SMT siblings), the rest shared.
-    kept = cpus.leaving(set(mine), 2)
+    # Two GPUs: a core each left where there are 8 CPUs per GPU (this machine's cores have no
+    # SMT siblings), none on a smaller host; the rest shared.
+    kept = cpus.leaving(set(mine), cpus.default_leave(set(mine), 2))
     assert {s.cpus or tuple(mine) for s in specs} == {tuple(sorted(kept))}
     assert all(s.concurrency == max(1, len(kept) // 2) for s in specs)
     assert all(f"--cpus={cpus.describe(kept)}" in s.argv("INFO") for s in specs if s.cpus)
+    # Told how many, it leaves them whatever the host (and keeps one core to build on).
+    told = plan("all", False, [], None, cpu_list=cpus.describe(set(mine)), leave_cores=2)
+    assert {s.cpus for s in told} == {tuple(sorted(cpus.leaving(set(mine), 2)))}
     (spec,) = plan(None, True, ["sm_90"], None)  # a build node: every CPU, nothing pinned
     assert spec.cpus == () and spec.concurrency == len(mine)
     with pytest.raises(WorkerError, match="not among"):

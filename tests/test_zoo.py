@@ -130,6 +130,7 @@ def test_the_zoos_table_and_summary_read_ratios_losses_and_misses_off_the_runs()
         "models": {
             "fast": {
                 "suite": "timm",
+                "eager": _run(1.0, same),
                 "stock_cold": _run(10.0, same),
                 "stock_warm_local": _run(4.0, same),
                 "stock_remote_new": _run(5.0, same),
@@ -148,12 +149,38 @@ def test_the_zoos_table_and_summary_read_ratios_losses_and_misses_off_the_runs()
     }
     s = zoo.summary([results])
     assert (s["measured"], s["timm"], s["hf"], s["skipped"]) == (2, 1, 1, ["gone"])
+    assert s["complete"] == 1  # "slow" has no eager run and no stock remote one
     assert s["slower_than_stock"] == ["slow"] and s["not_clean"] == ["slow"]
     assert s["medians"]["cold"] == round((0.6 + 1.2) / 2, 2)
     table = zoo.render([results])
-    assert "| fast | timm |" in table and "**1.20**" in table and "skipped: ImportError" in table
+    assert (
+        "| fast | timm | - |" in table and "**1.20**" in table and "skipped: ImportError" in table
+    )
     assert zoo.losses_agree(results["models"]["fast"]) is True
     assert zoo.losses_agree(results["models"]["slow"]) is False
+
+
+def test_a_table_of_several_runs_names_each_models_cores_and_what_the_worker_left() -> None:
+    same = [2.0, 1.5]
+    cell = {
+        "suite": "hf",
+        "stock_cold": _run(10.0, same),
+        "compileq_cold": _run(6.0, same),
+    }
+    meta = {"device": "NVIDIA H200", "torch": "2.11.0", "triton": "3.6.0", "size": "gpu"}
+    host = {"meta": {**meta, "cores": 16, "worker_leave_cores": "default"}, "models": {"A": cell}}
+    lanes = {
+        "meta": {**meta, "cores": 4, "worker_leave_cores": "0"},
+        "models": {"A": cell, "B": cell},
+    }
+    cut_short = {
+        "meta": {**meta, "cores": 8},
+        "models": {"A": {"suite": "hf", "eager": cell["stock_cold"]}},
+    }
+    table = zoo.render([lanes, host, cut_short])  # the host's A wins; cut short, the last not
+    assert "| A | hf | 16 |" in table and "| B | hf | 4 (left 0) |" in table
+    assert "4 cores, torch 2.11.0, triton 3.6.0, gpu sizes, COMPILEQ_WORKER_LEAVE_CORES=0" in table
+    assert "16 cores, torch 2.11.0, triton 3.6.0, gpu sizes;" in table
 
 
 def test_lanes_share_the_cores_in_contiguous_blocks_and_deal_the_models_in_turn() -> None:
@@ -251,3 +278,19 @@ def test_a_model_one_run_calls_slower_or_off_is_run_again_and_its_means_are_the_
         zoo.verdicts({**twice, "compileq_cold_again": _run(7.0, same, fallbacks=1)})["fallbacks"]
         == 1
     )
+
+
+def test_every_transformers_models_config_builds_at_both_sizes() -> None:
+    import transformers
+    from bench.zoo_models import MODELS
+
+    # At gpu size a config keeps its class's defaults but four layers; GPTNeo counts its layers
+    # off attention_types too, and the first GPU zoo listed it skipped for a mismatch.
+    for model in (m for m in MODELS if m.suite == "hf"):
+        for size in ("tiny", "gpu"):
+            config = getattr(transformers, model.config)(**model.model_config(size))
+            layers = [getattr(config, k) for k in ("num_hidden_layers", "num_layers", "n_layer")
+                      if isinstance(getattr(config, k, None), int)]  # fmt: skip
+            assert layers, (model.name, size)
+            if size == "gpu" and "n_layer" not in model.gpu:
+                assert min(layers) <= 4, (model.name, layers)

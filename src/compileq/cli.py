@@ -311,7 +311,8 @@ def _add_worker(sub: Sub) -> None:
         "--leave-cores",
         type=int,
         help="physical cores left free for the training processes (default: "
-        "$COMPILEQ_WORKER_LEAVE_CORES, else one per GPU served, none with --cpu-only)",
+        "$COMPILEQ_WORKER_LEAVE_CORES, else one per GPU served where it has 8 CPUs per GPU or "
+        "more, none below that or with --cpu-only)",
     )
     p.add_argument(
         "--metrics-port",

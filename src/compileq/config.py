@@ -225,8 +225,9 @@ class Settings(BaseSettings):
         None,
         ge=0,
         description="Physical cores (each with its SMT siblings) `compileq worker` leaves "
-        "free for the training processes; unset: one per GPU it serves (none with "
-        "--cpu-only). See workers/cpus.py.",
+        "free for the training processes; unset: one per GPU it serves where it has 8 CPUs "
+        "per GPU or more (none below that, where its builds are what the first step waits "
+        "for, nor with --cpu-only). See workers/cpus.py.",
     )
     cpp_fanout: Flag = Field(
         True,

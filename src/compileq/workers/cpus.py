@@ -13,6 +13,16 @@ and compiler it starts inherits the affinity. The ranks themselves are not pinne
 scheduler puts a busy rank on an idle core, and the cores left are idle. Measured on two H200s
 (32 cores, no SMT), where the worker kept less than one CPU busy on average: no difference
 (docs/BENCHMARKS.md); the default is for hosts where builds and ranks do meet on a core.
+
+Not below ``LEAVE_FROM_CPUS_PER_GPU`` CPUs per GPU, though (``default_leave``): there the
+builds, not the ranks, are what the first step waits for. A worker of three CPUs on a host of
+four per GPU generates a graph in one pool process and builds its kernels in the other two,
+where stock's pool builds them in four beside its in-process codegen. Measured on one H200
+cut into 4-core lanes (docs/BENCHMARKS.md, twenty-eighth session): DistilBERT's cold first step
+went from 1.45x to 0.77x of stock's, convnext_tiny's from 1.08x to 0.72x, when the worker left
+no core; at 8 CPUs per GPU, leaving one, the zoo's models were 0.54-0.75x. Rejected: always
+leaving one (the 4-core figures) and a fraction of the CPUs (no host measured where a second
+core left would pay).
 """
 
 from __future__ import annotations
@@ -66,6 +76,17 @@ def cores(cpus: Iterable[int], topology: Path = _TOPOLOGY) -> list[tuple[int, ..
             siblings = {cpu}
         groups.setdefault(tuple(sorted(siblings & chosen or {cpu})), None)
     return list(groups)
+
+
+# The fewest CPUs per GPU at which a GPU worker, not told otherwise, leaves a core per GPU.
+LEAVE_FROM_CPUS_PER_GPU = 8
+
+
+def default_leave(cpus: set[int], gpus: int) -> int:
+    """The physical cores a worker serving ``gpus`` GPUs on ``cpus`` leaves to the ranks when
+    not told: one per GPU where it has at least ``LEAVE_FROM_CPUS_PER_GPU`` CPUs per GPU,
+    else none (the module's docstring says why)."""
+    return gpus if gpus > 0 and len(cpus) >= LEAVE_FROM_CPUS_PER_GPU * gpus else 0
 
 
 def leaving(cpus: set[int], leave_cores: int, topology: Path = _TOPOLOGY) -> set[int]:

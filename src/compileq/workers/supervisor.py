@@ -88,7 +88,8 @@ def plan(
     leave_cores: int | None = None,
 ) -> list[ChildSpec]:
     """One child per GPU (or one cross-compiling child), on ``cpu_list`` (empty: every CPU
-    this process may use) less ``leave_cores`` physical cores (None: one per GPU served).
+    this process may use) less ``leave_cores`` physical cores (None: ``cpus.default_leave``,
+    one per GPU served where there are 8 CPUs per GPU or more).
     Without ``concurrency`` a child runs a pool process per CPU it has, shared with the
     other children."""
     if cpu_only:
@@ -102,7 +103,9 @@ def plan(
     if archs:
         raise WorkerError("--arch applies to --cpu-only; GPU workers build for their own GPU")
     chosen = select_gpus(gpus or "all", probe_gpus())
-    mine = cpus.choose(cpu_list, len(chosen) if leave_cores is None else leave_cores)
+    given = cpus.choose(cpu_list, 0)
+    leave = cpus.default_leave(given, len(chosen)) if leave_cores is None else leave_cores
+    mine = cpus.leaving(given, leave)
     per_gpu = concurrency or max(1, len(mine) // len(chosen))
     return [
         ChildSpec(
