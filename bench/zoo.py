@@ -358,6 +358,16 @@ def loss_gap(cell: dict[str, Any]) -> tuple[float, float] | None:
     return max(ours), max(spread, default=0.0)
 
 
+def eager_gap(cell: dict[str, Any]) -> float | None:
+    """Eager's largest loss difference from stock's cold run: how far stock's own kernels take
+    the losses from PyTorch's, the scale against which a miss of stock's spread is read."""
+    stock = (cell.get("stock_cold") or {}).get("losses")
+    eager = (cell.get("eager") or {}).get("losses")
+    if not stock or not eager:
+        return None
+    return max(abs(a - b) for a, b in zip(eager[0], stock[0], strict=False))
+
+
 def losses_agree(cell: dict[str, Any]) -> bool | None:
     """Whether compileq's losses are within stock's spread (or a relative 1e-4 of the loss,
     float sums in another order)."""
@@ -477,6 +487,9 @@ def render(files: list[dict[str, Any]]) -> str:
         r, v = ratios(cell), verdicts(cell)
         failed = [n for n, run in cell.items() if isinstance(run, dict) and "failed" in run]
         agree = {True: "yes", False: "NO", None: "-"}[v["losses_agree"]]
+        if v["losses_agree"] is False and (gaps := loss_gap(cell)):
+            # How far off, beside stock's spread and eager's distance from stock.
+            agree += f" ({gaps[0]:.1e}; stock {gaps[1]:.1e}, eager {_e(eager_gap(cell))})"
 
         def ms(run: str, cell: dict[str, Any] = cell) -> str:
             step = (cell.get(run) or {}).get("step_s")
@@ -515,6 +528,10 @@ def render(files: list[dict[str, Any]]) -> str:
                   + "; ".join(repeated) + "."]  # fmt: skip
     lines += ["", "Measured on: " + "; ".join(metas) + "."]
     return "\n".join(lines) + "\n"
+
+
+def _e(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1e}"
 
 
 def chart(files: list[dict[str, Any]], path: Path) -> bool:

@@ -119,6 +119,10 @@ def test_on_a_gpu_machine_the_zoo_trains_on_the_gpu_and_elsewhere_on_the_cpu() -
     assert on_cpu[on_cpu.index("--device") + 1] == "cpu"
 
 
+def rows(table: str) -> dict[str, str]:
+    return {line.split(" | ")[0].lstrip("| "): line for line in table.splitlines()}
+
+
 def _run(ready: float, losses: list[float], **more: Any) -> dict[str, Any]:
     return {"ready_s": ready, "losses": [losses], "fallbacks": 0, "fx_local_compiles": 0, **more}
 
@@ -158,6 +162,8 @@ def test_the_zoos_table_and_summary_read_ratios_losses_and_misses_off_the_runs()
     )
     assert zoo.losses_agree(results["models"]["fast"]) is True
     assert zoo.losses_agree(results["models"]["slow"]) is False
+    # A miss says by how much, beside stock's spread and eager's distance (no eager run: -).
+    assert "| NO (1.0e-01; stock 0.0e+00, eager -) |" in rows(table)["slow"]
 
 
 def test_a_table_of_several_runs_names_each_models_cores_and_what_the_worker_left() -> None:
