@@ -330,28 +330,30 @@ def ratios(cell: dict[str, Any]) -> dict[str, float | None]:
     return matrix.ratios(cell, _ready)
 
 
+def _gap(cell: dict[str, Any], name: str) -> float | None:
+    """Run ``name``'s largest loss difference from stock's cold run, over every step; None
+    where either run has no losses."""
+    stock = (cell.get("stock_cold") or {}).get("losses")
+    losses = (cell.get(name) or {}).get("losses")
+    if not stock or not losses:
+        return None
+    return max(abs(a - b) for a, b in zip(losses[0], stock[0], strict=False))
+
+
 def loss_gap(cell: dict[str, Any]) -> tuple[float, float] | None:
     """compileq's largest loss difference from stock's cold run, over compileq's runs and
     every step, and stock's own between its runs (its run-to-run spread: its warm runs replay
     its cold run's kernels; ``stock_cold_again``, where run, compiled them again); None where
     a run is missing."""
-    stock = (cell.get("stock_cold") or {}).get("losses")
-    if not stock:
-        return None
-
-    def gap(name: str) -> float | None:
-        losses = (cell.get(name) or {}).get("losses")
-        if not losses:
-            return None
-        return max(abs(a - b) for a, b in zip(losses[0], stock[0], strict=False))
-
     ours = [
-        g for g in (gap(n) for n in ("compileq_cold", "compileq_new", *AGAIN_OURS)) if g is not None
+        g
+        for n in ("compileq_cold", "compileq_new", *AGAIN_OURS)
+        if (g := _gap(cell, n)) is not None
     ]
     spread = [
         g
-        for g in (gap("stock_warm_local"), gap("stock_remote_new"), gap("stock_cold_again"))
-        if g is not None
+        for n in ("stock_warm_local", "stock_remote_new", "stock_cold_again")
+        if (g := _gap(cell, n)) is not None
     ]
     if not ours:
         return None
@@ -361,11 +363,7 @@ def loss_gap(cell: dict[str, Any]) -> tuple[float, float] | None:
 def eager_gap(cell: dict[str, Any]) -> float | None:
     """Eager's largest loss difference from stock's cold run: how far stock's own kernels take
     the losses from PyTorch's, the scale against which a miss of stock's spread is read."""
-    stock = (cell.get("stock_cold") or {}).get("losses")
-    eager = (cell.get("eager") or {}).get("losses")
-    if not stock or not eager:
-        return None
-    return max(abs(a - b) for a, b in zip(eager[0], stock[0], strict=False))
+    return _gap(cell, "eager")
 
 
 def losses_agree(cell: dict[str, Any]) -> bool | None:
