@@ -99,16 +99,21 @@ def leaving(cpus: set[int], leave_cores: int, topology: Path = _TOPOLOGY) -> set
     return {cpu for group in kept for cpu in group}
 
 
-def choose(spec: str, leave_cores: int, topology: Path = _TOPOLOGY) -> set[int]:
-    """The worker's CPUs: ``spec`` (empty: every CPU this process may use), less
-    ``leave_cores`` physical cores. A listed CPU this process may not use is an error."""
+def given(spec: str) -> set[int]:
+    """The CPUs ``spec`` lists (empty: every CPU this process may use). A listed CPU this
+    process may not use is an error."""
     allowed = usable()
     cpus = parse(spec) if spec.strip() else allowed
     if outside := cpus - allowed:
         raise WorkerError(
             f"CPUs {describe(outside)} are not among this process's ({describe(allowed)})"
         )
-    return leaving(cpus, leave_cores, topology)
+    return cpus
+
+
+def choose(spec: str, leave_cores: int, topology: Path = _TOPOLOGY) -> set[int]:
+    """The worker's CPUs: ``given(spec)`` less ``leave_cores`` physical cores."""
+    return leaving(given(spec), leave_cores, topology)
 
 
 def pin(cpus: set[int]) -> None:

@@ -89,7 +89,7 @@ def plan(
 ) -> list[ChildSpec]:
     """One child per GPU (or one cross-compiling child), on ``cpu_list`` (empty: every CPU
     this process may use) less ``leave_cores`` physical cores (None: ``cpus.default_leave``,
-    one per GPU served where there are 8 CPUs per GPU or more).
+    one per GPU served from ``cpus.LEAVE_FROM_CPUS_PER_GPU`` CPUs per GPU up).
     Without ``concurrency`` a child runs a pool process per CPU it has, shared with the
     other children."""
     if cpu_only:
@@ -103,9 +103,9 @@ def plan(
     if archs:
         raise WorkerError("--arch applies to --cpu-only; GPU workers build for their own GPU")
     chosen = select_gpus(gpus or "all", probe_gpus())
-    given = cpus.choose(cpu_list, 0)
-    leave = cpus.default_leave(given, len(chosen)) if leave_cores is None else leave_cores
-    mine = cpus.leaving(given, leave)
+    listed = cpus.given(cpu_list)
+    leave = cpus.default_leave(listed, len(chosen)) if leave_cores is None else leave_cores
+    mine = cpus.leaving(listed, leave)
     per_gpu = concurrency or max(1, len(mine) // len(chosen))
     return [
         ChildSpec(
