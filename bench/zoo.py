@@ -54,6 +54,7 @@ from bench.matrix import (
 )
 from bench.zoo_models import MODELS, ZooModel, extra, unlisted
 from compileq._files import write_atomically
+from compileq.workers import cpus
 
 #: The issue's targets: every model at most stock (cold, and new machine against stock's warm
 #: local cache), and the zoo's medians below these.
@@ -241,8 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     results["meta"] = {
         "device": torch.cuda.get_device_name(0) if gpu else "CPU only",
         "cores": len(os.sched_getaffinity(0)),
-        # What the worker left to the ranks, where set (its default depends on the cores).
-        "worker_leave_cores": os.environ.get("COMPILEQ_WORKER_LEAVE_CORES") or "default",
+        # The cores the worker left to the ranks: as told, else its default for these cores.
+        "worker_leave_cores": os.environ.get("COMPILEQ_WORKER_LEAVE_CORES")
+        or str(cpus.default_leave(cpus.usable(), 1 if gpu else 0)),
         "torch": torch.__version__,
         "triton": triton.__version__,
         "size": size,
@@ -508,7 +510,7 @@ def render(files: list[dict[str, Any]]) -> str:
             f"{m.get('device')}, {m.get('cores')} cores, torch {m.get('torch')}, "
             f"triton {m.get('triton')}, {m.get('size')} sizes"
             + (
-                f", COMPILEQ_WORKER_LEAVE_CORES={m['worker_leave_cores']}"
+                f", the worker leaving {m['worker_leave_cores']} cores"
                 if m.get("worker_leave_cores") not in (None, "default")
                 else ""
             )

@@ -185,7 +185,7 @@ def test_a_table_of_several_runs_names_each_models_cores_and_what_the_worker_lef
     }
     table = zoo.render([lanes, host, cut_short])  # the host's A wins; cut short, the last not
     assert "| A | hf | 16 |" in table and "| B | hf | 4 (left 0) |" in table
-    assert "4 cores, torch 2.11.0, triton 3.6.0, gpu sizes, COMPILEQ_WORKER_LEAVE_CORES=0" in table
+    assert "4 cores, torch 2.11.0, triton 3.6.0, gpu sizes, the worker leaving 0 cores" in table
     assert "16 cores, torch 2.11.0, triton 3.6.0, gpu sizes;" in table
 
 
