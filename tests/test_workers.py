@@ -161,6 +161,33 @@ def test_graph_codegen_enqueues_kernels_only_while_some_pool_process_generates_n
         FxSlots(0)
 
 
+def test_a_graphs_codegen_sends_a_cpp_object_only_to_a_sibling_no_other_sent_object_holds() -> None:
+    slots = FxSlots(3)
+    fork = multiprocessing.get_context("fork")
+    holding, release = fork.Event(), fork.Event()
+    sibling = fork.Process(target=hold_a_graph, args=(slots, holding, release))
+    sibling.start()
+    try:
+        assert holding.wait(30)
+        with slots.generating():  # two of three generate: one sibling is free
+            with slots.sending() as first:
+                assert first and slots.sending_now == 1
+                with slots.sending() as second:
+                    # The free sibling builds the first: this one is built in place.
+                    assert not second and slots.sending_now == 1
+            assert slots.sending_now == 0
+            with slots.sending() as again:  # the sibling is free again once the first is back
+                assert again
+    finally:
+        release.set()
+        sibling.join(30)
+    with slots.sending() as free, slots.sending() as also, slots.sending() as third:
+        assert free and also and third and slots.sending_now == 3
+        with slots.sending() as fourth:
+            assert not fourth
+    assert slots.sending_now == 0 and slots.generating_now == 0
+
+
 def _descendants(pid: int) -> list[int]:
     found: list[int] = []
     for task in Path(f"/proc/{pid}/task").iterdir():

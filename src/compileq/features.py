@@ -22,6 +22,7 @@ import dataclasses
 import functools
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 from compileq import fingerprint, stack_chunks
@@ -187,6 +188,7 @@ def _stay_off(
     *,
     fx: bool | None = None,
     on_worker: Callable[[], bool] | None = None,
+    send_slot: Callable[[], AbstractContextManager[bool]] | None = None,
 ) -> bool:
     """What install() does when it cannot finish: undo what it did, and leave stock alone."""
     with contextlib.suppress(Exception):
@@ -200,13 +202,15 @@ def install(
     *,
     fx: bool | None = None,
     on_worker: Callable[[], bool] | None = None,
+    send_slot: Callable[[], AbstractContextManager[bool]] | None = None,
 ) -> bool:
     """Route Inductor's Triton builds through compileq. Returns whether compileq is active.
 
     ``fx`` (default: ``settings.fx``, i.e. ``COMPILEQ_FX``) also sends FX graph codegen to
     workers. ``on_worker`` is for a worker's own FX codegen: its kernels are enqueued only
     while ``on_worker()`` says a sibling pool process is free (see ``KernelClient``), else
-    built in place and stored; either way they count as remote builds.
+    built in place and stored; either way they count as remote builds. ``send_slot``, with
+    it, reserves a free sibling for each C++ object sent (``inductor/cpp_fanout.py``).
 
     Never raises: with a missing secret or a bad setting compileq stays off and says why,
     once; without Redis or workers it builds locally. Safe to call again: a later call finishes
@@ -230,7 +234,7 @@ def install(
 
             if not _POOL.fits():  # every other feature rides on it: said once, stock stays
                 return False
-            ctx = _context(settings, want_fx, on_worker)
+            ctx = _context(settings, want_fx, on_worker, send_slot)
             if ctx is None:
                 return False
             _installed = _Installed(ctx)
@@ -246,7 +250,12 @@ def install(
     return True
 
 
-def _context(settings: Settings, fx: bool, on_worker: Callable[[], bool] | None) -> Context | None:
+def _context(
+    settings: Settings,
+    fx: bool,
+    on_worker: Callable[[], bool] | None,
+    send_slot: Callable[[], AbstractContextManager[bool]] | None = None,
+) -> Context | None:
     """The client and pool every feature shares; None (compileq stays off) for a bad setting."""
     from torch._inductor.async_compile import AsyncCompile
 
@@ -257,7 +266,7 @@ def _context(settings: Settings, fx: bool, on_worker: Callable[[], bool] | None)
         warn_once("config", "compileq: not installed: %s", e)
         return None
     boundary.count_with(lambda counts, records: client.store.count(counts, None, records))
-    return Context(settings, client, on_worker, fx, CompileqPool(client, stock))
+    return Context(settings, client, on_worker, send_slot, fx, CompileqPool(client, stock))
 
 
 def _walk(installed: _Installed, ctx: Context) -> None:

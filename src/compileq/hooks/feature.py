@@ -16,6 +16,7 @@ uninstall (profiles), and let each module keep its originals its own way (see ``
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -40,6 +41,9 @@ class Context:
     #: Set in a worker's own FX codegen (``workers/fx.py``): whether a sibling pool process is
     #: free to take what this one sends. None in a client.
     on_worker: Callable[[], bool] | None = None
+    #: Set with ``on_worker``: a free sibling reserved for one object this codegen sends and
+    #: waits on, while the block runs (yields False where none is: build it here).
+    send_slot: Callable[[], AbstractContextManager[bool]] | None = None
     #: Whether FX graph codegen goes to workers (``install(fx=...)``, else ``COMPILEQ_FX``).
     fx: bool = False
     #: The ``CompileqPool`` Inductor gets as its process pool (``Any``: as ``client``).

@@ -14,7 +14,9 @@ command line that precompiles it are, and a worker precompiles it once and keeps
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import redis
@@ -50,12 +52,14 @@ class CppFanout(Feature):
 FEATURE = CppFanout()
 
 
-def _may_send() -> bool:
-    """Whether what misses may be sent now: in a worker's codegen, only while a sibling pool
-    process is free to take it (``workers/fx_slots.py``: waiting on busy siblings that wait
-    too would never end); in a client, always."""
-    on_worker = None if FEATURE.ctx is None else FEATURE.ctx.on_worker
-    return on_worker is None or on_worker()
+def _slot() -> AbstractContextManager[bool]:
+    """Whether what misses may be sent now, held while it is built: in a worker's codegen, only
+    while a sibling pool process is free to build it and not already building another sent
+    object (``workers/fx_slots.py``: a sibling builds one object at a time, where this
+    process's own compile threads build several; and waiting on busy siblings that wait too
+    would never end); in a client, always."""
+    slot = None if FEATURE.ctx is None else FEATURE.ctx.send_slot
+    return contextlib.nullcontext(True) if slot is None else slot()
 
 
 def precompiled_header(builders: Sequence[Any]) -> bool:
@@ -108,11 +112,16 @@ def built_remotely(key: str, builders: Sequence[Any]) -> bytes | None:
     """The object's bytes, built by a worker (or by another client's worker meanwhile); None
     where it must be built here."""
     client = FEATURE.client
-    if client is None or client.redis_down() or not _may_send():
+    if client is None or client.redis_down():
         return None
-    queue = _served_queue(client)
-    if queue is None:
-        return None
+    with _slot() as may_send:
+        queue = _served_queue(client) if may_send else None
+        if queue is None:
+            return None
+        return _fetch(client, key, queue, builders)
+
+
+def _fetch(client: KernelClient, key: str, queue: str, builders: Sequence[Any]) -> bytes | None:
     try:
         job = CppJob.from_builders(cpp_toolchain(), builders, machine_dirs(), _headers)
         return roundtrip.fetch(client, roundtrip.Job(roundtrip.CPP, key, queue, job.to_bytes))

@@ -242,7 +242,12 @@ def _install_in_this_process(ctx: WorkerContext) -> None:
         return
     from compileq.features import install
 
-    install(ctx.settings, fx=False, on_worker=ctx.fx_slots.sibling_free)
+    install(
+        ctx.settings,
+        fx=False,
+        on_worker=ctx.fx_slots.sibling_free,
+        send_slot=ctx.fx_slots.sending,
+    )
     _deprecated_config_said()
     _installed_pid = os.getpid()
 
