@@ -22,9 +22,10 @@ from compileq.config import Settings
 from compileq.fingerprint import cpp_toolchain
 from compileq.tasks.cpp_jobs import KIND, CppJob, Unportable, fill, machine_dirs
 from compileq.tasks.queues import cpp_queue
-from tests.conftest import Env, Worker, compileq_cmd, stats
+from tests.conftest import Env, Worker, client_json, compileq_cmd, stats
 
 TRAIN = Path(__file__).parent / "clients" / "train_cpu.py"
+CODEGEN = Path(__file__).parent / "clients" / "codegen_cpp.py"
 
 
 def run_training(env: Env, tmp: Path, name: str, width: int, **more: str) -> dict[str, Any]:
@@ -112,6 +113,36 @@ def test_a_cold_graphs_cpp_objects_are_built_by_a_worker_and_none_by_the_client(
     assert after["cpp_remote_compiles"] == counters["cpp_remote_compiles"]
     assert after.get("cpp_local_compiles", 0) == counters.get("cpp_local_compiles", 0)
     assert after["cpp_hits"] >= counters.get("cpp_hits", 0) + len(remote)
+
+
+def test_a_workers_graph_codegen_sends_a_cpp_object_only_to_a_sibling_it_can_reserve(
+    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
+) -> None:
+    # One sibling free (two pool processes, this codegen one of them): the sibling builds one
+    # object sent at a time, and this codegen's own compile threads build the others meanwhile,
+    # rather than all of them waiting in the queue for that one sibling.
+    one_free, _ = client_json(
+        env, CODEGEN, str(random.randrange(9001, 13000)), "2", caches=tmp_path / "one-free"
+    )
+    assert one_free == {**one_free, "matches_eager": True, "compileq": True}
+    sent = built_by_workers(clean_cache)
+    objects = graph_objects(tmp_path / "one-free")
+    assert sent and sent <= objects, (sent, objects)
+    assert objects - sent, "every object waited for the one free sibling"
+    counters = stats(env, tmp_path)
+    # Each is a worker's build (this is a worker's codegen), stored for every client.
+    assert counters["cpp_remote_compiles"] >= len(objects)
+
+    # None free (one pool process, generating): every object is built in place, none sent.
+    none_free, _ = client_json(
+        env, CODEGEN, str(random.randrange(13001, 17000)), "1", caches=tmp_path / "none-free"
+    )
+    assert none_free == {**none_free, "matches_eager": True}
+    assert built_by_workers(clean_cache) == sent
+    # Its objects the first run did not have (kernels of the other width) were built here.
+    new = graph_objects(tmp_path / "none-free") - objects
+    assert new
+    assert stats(env, tmp_path)["cpp_remote_compiles"] >= counters["cpp_remote_compiles"] + len(new)
 
 
 def test_with_fan_out_off_the_client_builds_its_cpp_objects_as_before(
