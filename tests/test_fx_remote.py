@@ -152,6 +152,10 @@ def test_a_new_machine_gets_graphs_and_cpp_kernels_and_compiles_nothing_anywhere
     assert {c: after[c] for c in COMPILES} == {c: before[c] for c in COMPILES}
     assert after["fx_misses"] == before["fx_misses"]
     assert after["cpp_misses"] == before["cpp_misses"]
+    # It sent nothing, so it never imported Celery (0.28 s of its first compile on 2 cores);
+    # the first machine, which sent its graphs, did.
+    assert run.result["celery_imported"] is False
+    assert two_machines.first.result["celery_imported"] is True
 
 
 def test_compileq_run_no_fx_compiles_graphs_in_process_even_with_a_live_worker(

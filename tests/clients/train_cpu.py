@@ -40,6 +40,8 @@ def main() -> None:
                 "matches_eager": same,
                 "first_call_s": first_call_s,
                 "compileq": features.installed_pool() is not None,
+                # A client that sent nothing never imported Celery (tasks/names.py).
+                "celery_imported": "celery" in sys.modules,
             }
         )
     )

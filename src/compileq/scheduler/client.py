@@ -44,7 +44,6 @@ from compileq.scheduler.progress import progress
 from compileq.scheduler.routing import Router
 from compileq.sentinel_url import is_sentinel
 from compileq.tasks import broker, events
-from compileq.tasks.app import client_app
 from compileq.tasks.jobs import TRITON, TritonJob, key_of
 
 
@@ -113,7 +112,10 @@ class KernelClient:
         # worker proves the cluster shares our secret (see RedisStore.replace_foreign).
         self._store.replace_foreign = self._router.shares_secret
         self._store.on_unreachable = self._redis_failed
-        self._app = client_app(settings)
+        # Made at the first send (``send_task``): a client whose every lookup hits never
+        # imports Celery (``tasks/names.py``).
+        self._app: Any = None
+        self._app_lock = threading.Lock()
         self._lock = threading.Lock()
         self._flights: dict[str, _Flight] = {}
         #: Keys whose lease this client holds but could not release while Redis was down:
@@ -165,6 +167,12 @@ class KernelClient:
 
     def send_task(self, name: str, key: str, queue: str) -> None:
         """Enqueue task ``name`` for ``key`` (also its task id, so duplicates collapse)."""
+        if self._app is None:
+            with self._app_lock:
+                if self._app is None:
+                    from compileq.tasks.app import client_app
+
+                    self._app = client_app(self._settings)
         self._app.send_task(name, args=[key], queue=queue, task_id=key)
 
     @property

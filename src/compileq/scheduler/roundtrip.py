@@ -66,7 +66,7 @@ from compileq.errors import EntryTooLarge
 from compileq.scheduler import leases
 from compileq.scheduler.fallback import Fallback
 from compileq.tasks import broker, events
-from compileq.tasks.app import COMPILE_CPP, COMPILE_FX, COMPILE_TRITON, TUNE_TRITON
+from compileq.tasks.names import COMPILE_CPP, COMPILE_FX, COMPILE_TRITON, TUNE_TRITON
 
 #: Safety net under pub/sub: keys still awaited are re-read from the store this often. A lost
 #: announcement costs at most this much; each poll is one MGET of the keys still awaited.

@@ -11,11 +11,9 @@ from compileq import keys
 from compileq.config import Settings, get_settings
 from compileq.connect import master_name, sentinel_options
 from compileq.sentinel_url import is_sentinel, parse_sentinel_url
+from compileq.tasks.names import COMPILE_CPP, COMPILE_FX, COMPILE_TRITON, TUNE_TRITON
 
-COMPILE_TRITON = "compileq.compile_triton"
-COMPILE_FX = "compileq.compile_fx"
-TUNE_TRITON = "compileq.tune_triton"
-COMPILE_CPP = "compileq.compile_cpp"
+__all__ = ["COMPILE_CPP", "COMPILE_FX", "COMPILE_TRITON", "TUNE_TRITON", "app", "client_app"]
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:

@@ -391,7 +391,7 @@ def _run_celery(args: argparse.Namespace, settings: Settings, queues: list[str],
     exits with, so a worker that shut down on an error exited 0 and its supervisor's line read
     as a clean stop (CI's failover test, where the log said only "exited with 0")."""
     from compileq import stack_chunks
-    from compileq.tasks import app
+    from compileq.tasks.app import app
     from compileq.workers import priority
 
     log.info("compileq worker %s: queues %s", args.name, ", ".join(queues))
