@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any
@@ -140,22 +142,29 @@ def hold_a_graph(slots: FxSlots, holding: Event, release: Event) -> None:
         release.wait(30)
 
 
-def test_graph_codegen_enqueues_kernels_only_while_some_pool_process_generates_no_graph() -> None:
-    # Made before the fork, as the worker does before Celery forks its pool.
-    slots = FxSlots(2)
+@contextlib.contextmanager
+def a_sibling_generating(slots: FxSlots) -> Iterator[None]:
+    """Another process (forked, as Celery forks the pool after the worker made ``slots``)
+    generating a graph for as long as the block runs."""
     fork = multiprocessing.get_context("fork")
     holding, release = fork.Event(), fork.Event()
     sibling = fork.Process(target=hold_a_graph, args=(slots, holding, release))
     sibling.start()
     try:
         assert holding.wait(30)
+        yield
+    finally:
+        release.set()
+        sibling.join(30)
+
+
+def test_graph_codegen_enqueues_kernels_only_while_some_pool_process_generates_no_graph() -> None:
+    slots = FxSlots(2)
+    with a_sibling_generating(slots):
         assert slots.generating_now == 1 and slots.sibling_free()  # seen across processes
         with slots.generating():
             assert not slots.sibling_free()  # both generate: nobody would build the kernels
         assert slots.sibling_free()
-    finally:
-        release.set()
-        sibling.join(30)
     assert slots.generating_now == 0
     with pytest.raises(ValueError, match="at least 1"):
         FxSlots(0)
@@ -163,24 +172,15 @@ def test_graph_codegen_enqueues_kernels_only_while_some_pool_process_generates_n
 
 def test_a_graphs_codegen_sends_a_cpp_object_only_to_a_sibling_no_other_sent_object_holds() -> None:
     slots = FxSlots(3)
-    fork = multiprocessing.get_context("fork")
-    holding, release = fork.Event(), fork.Event()
-    sibling = fork.Process(target=hold_a_graph, args=(slots, holding, release))
-    sibling.start()
-    try:
-        assert holding.wait(30)
-        with slots.generating():  # two of three generate: one sibling is free
-            with slots.sending() as first:
-                assert first and slots.sending_now == 1
-                with slots.sending() as second:
-                    # The free sibling builds the first: this one is built in place.
-                    assert not second and slots.sending_now == 1
-            assert slots.sending_now == 0
-            with slots.sending() as again:  # the sibling is free again once the first is back
-                assert again
-    finally:
-        release.set()
-        sibling.join(30)
+    with a_sibling_generating(slots), slots.generating():  # two of three: one sibling free
+        with slots.sending() as first:
+            assert first and slots.sending_now == 1
+            with slots.sending() as second:
+                # The free sibling builds the first: this one is built in place.
+                assert not second and slots.sending_now == 1
+        assert slots.sending_now == 0
+        with slots.sending() as again:  # the sibling is free again once the first is back
+            assert again
     with slots.sending() as free, slots.sending() as also, slots.sending() as third:
         assert free and also and third and slots.sending_now == 3
         with slots.sending() as fourth:

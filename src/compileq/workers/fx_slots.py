@@ -15,7 +15,7 @@ threads. Sent, it waits for a free sibling, which builds one object at a time. S
 codegen sends a C++ object only while it can reserve a sibling for it (``sending``): free
 siblings less those already building a sent object. Measured on the 2-core CI machine
 (docs/BENCHMARKS.md, twenty-ninth session): ghostnet_100's backward, sent ahead beside its
-forward, sent ~80 objects one at a time to the one sibling its forward freed, while its own
+forward, sent 77 objects one at a time to the one sibling its forward freed, while its own
 two compile threads waited: its cold first step was 1.17x of stock's (the mean of two), and
 0.86x and 0.79x once the codegen built beside the one object sent. Rejected: never sending
 from a worker's codegen (on a worker of many processes the free ones then idle while one
