@@ -133,9 +133,15 @@ def test_a_workers_graph_codegen_sends_a_cpp_object_only_to_a_sibling_it_can_res
     # Each is a worker's build (this is a worker's codegen), stored for every client.
     assert counters["cpp_remote_compiles"] >= len(objects)
 
-    # None free (one pool process, generating): every object is built in place, none sent.
+    # None free (one pool process, generating): every object is built in place, none sent;
+    # also where the codegen was installed with no slot to reserve (``on_worker`` alone).
     none_free, _ = client_json(
-        env, CODEGEN, str(random.randrange(13001, 17000)), "1", caches=tmp_path / "none-free"
+        env,
+        CODEGEN,
+        str(random.randrange(13001, 17000)),
+        "1",
+        "--no-slot",
+        caches=tmp_path / "none-free",
     )
     assert none_free == {**none_free, "matches_eager": True}
     assert built_by_workers(clean_cache) == sent

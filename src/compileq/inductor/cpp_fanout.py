@@ -57,9 +57,13 @@ def _slot() -> AbstractContextManager[bool]:
     while a sibling pool process is free to build it and not already building another sent
     object (``workers/fx_slots.py``: a sibling builds one object at a time, where this
     process's own compile threads build several; and waiting on busy siblings that wait too
-    would never end); in a client, always."""
-    slot = None if FEATURE.ctx is None else FEATURE.ctx.send_slot
-    return contextlib.nullcontext(True) if slot is None else slot()
+    would never end); in a client, always. A worker's codegen installed without a slot
+    (``send_slot`` is optional beside ``on_worker``) falls back to whether any sibling is free:
+    never sending into a pool that is all generating."""
+    ctx = FEATURE.ctx
+    if ctx is not None and ctx.send_slot is not None:
+        return ctx.send_slot()
+    return contextlib.nullcontext(ctx is None or ctx.on_worker is None or ctx.on_worker())
 
 
 def precompiled_header(builders: Sequence[Any]) -> bool:

@@ -56,8 +56,13 @@ class FxSlots:
     @contextlib.contextmanager
     def generating(self) -> Iterator[None]:
         """Held by a pool process for as long as it generates one graph."""
-        with self._held(_GENERATING):
+        with self._counts.get_lock():
+            self._counts[_GENERATING] += 1
+        try:
             yield
+        finally:
+            with self._counts.get_lock():
+                self._counts[_GENERATING] -= 1
 
     @contextlib.contextmanager
     def sending(self) -> Iterator[bool]:
@@ -75,16 +80,6 @@ class FxSlots:
         finally:
             with self._counts.get_lock():
                 self._counts[_SENT] -= 1
-
-    @contextlib.contextmanager
-    def _held(self, which: int) -> Iterator[None]:
-        with self._counts.get_lock():
-            self._counts[which] += 1
-        try:
-            yield
-        finally:
-            with self._counts.get_lock():
-                self._counts[which] -= 1
 
     def sibling_free(self) -> bool:
         """Whether some pool process is not generating a graph, and so will take the kernels
