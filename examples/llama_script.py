@@ -213,6 +213,11 @@ def parse() -> argparse.Namespace:
         choices=["MATH", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION"],
         help="the one attention backend allowed (a torch.nn.attention.sdpa_kernel region)",
     )
+    p.add_argument(
+        "--no-autocast",
+        action="store_true",
+        help="float32 on a GPU too, not bf16 autocast (a model with an op bf16 lacks: an FFT)",
+    )
     p.add_argument("--eager", action="store_true", help="compile nothing")
     p.add_argument("--dump-code", default=None)
     p.add_argument(
@@ -380,7 +385,9 @@ def main() -> None:
     lr = torch.tensor(1e-3) if args.compile_optimizer else 1e-3
     optimizers = [torch.optim.AdamW(m.parameters(), lr=lr) for m in (model, reference)]
     generator = torch.Generator().manual_seed(1 + rank)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    autocast = torch.autocast(
+        device.type, dtype=torch.bfloat16, enabled=device.type == "cuda" and not args.no_autocast
+    )
 
     def update(optimizer: torch.optim.Optimizer) -> None:
         optimizer.step()
