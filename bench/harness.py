@@ -317,3 +317,21 @@ def run_once(
 
 def new_workdir() -> Path:
     return Path(tempfile.mkdtemp(prefix="compileq-bench-"))
+
+
+#: Worker log lines that say what one graph's codegen did: how long and in which phases, or why
+#: it failed. Kept whole in a joined log, where the rest is only a tail: a zoo lane's worker
+#: serves every model of the lane, and its tail shows the last model only.
+_GRAPH_LINES = ("compileq worker: generated graph", "compileq worker: FX codegen of")
+
+
+def join_logs(workdir: Path, path: Path, tail: int) -> None:
+    """Every ``*.log`` of ``workdir`` in the one file ``path`` (a device call returns few
+    files): each log's lines naming a graph a worker generated or failed to generate, then its
+    last ``tail`` characters."""
+    with path.open("w") as joined:
+        for log in sorted(workdir.glob("*.log")):
+            text = log.read_text(errors="replace")
+            graphs = [line for line in text.splitlines() if any(g in line for g in _GRAPH_LINES)]
+            joined.write(f"==> {log.name} <==\n" + "".join(f"{g}\n" for g in graphs))
+            joined.write(f"{text[-tail:]}\n")

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.ddp import run_job
-from bench.harness import ROOT, Cluster, new_workdir
+from bench.harness import ROOT, Cluster, join_logs, new_workdir
 from compileq._files import write_atomically
 
 WORKLOADS = {
@@ -316,13 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as gone:  # a timeout's SIGTERM reached Redis first
             # The logs are what a cut-short device call has to show: keep them.
             print(f"closing the cluster: {gone!r}", file=sys.stderr)
-        with (out / "matrix-logs.txt").open("w") as joined:  # one file: a device call returns few
-            for log in sorted(workdir.glob("*.log")):
-                text = log.read_text(errors="replace")
-                # Every graph a worker generated (how long, which phases), then the tail.
-                graphs = [line for line in text.splitlines() if "generated graph" in line]
-                joined.write(f"==> {log.name} <==\n" + "".join(f"{g}\n" for g in graphs))
-                joined.write(f"{text[-20000:]}\n")
+        join_logs(workdir, out / "matrix-logs.txt", 20000)
         # Here too, so a matrix cut short renders the runs it finished.
         write_atomically(out / "matrix.md", render([results]).encode())
     print((out / "matrix.md").read_text())

@@ -39,7 +39,7 @@ from typing import Any
 
 from bench import matrix, zoo_lanes
 from bench.ddp import run_job
-from bench.harness import ROOT, Cluster, new_workdir
+from bench.harness import ROOT, Cluster, join_logs, new_workdir
 from bench.matrix import (
     DEFAULT_RUNS,
     RUNS,
@@ -275,10 +275,7 @@ def main(argv: list[str] | None = None) -> int:
             cluster.close()
         except Exception as gone:
             print(f"closing the cluster: {gone!r}", file=sys.stderr)
-        with (out / "zoo-logs.txt").open("w") as joined:
-            for log in sorted(workdir.glob("*.log")):
-                text = log.read_text(errors="replace")
-                joined.write(f"==> {log.name} <==\n{text[-8000:]}\n")
+        join_logs(workdir, out / "zoo-logs.txt", 8000)
         write_atomically(out / "zoo.md", render([results]).encode())
         chart([results], out / "zoo.png")
     print((out / "zoo.md").read_text())

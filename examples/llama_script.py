@@ -6,7 +6,7 @@ grouped-query attention, SwiGLU; AdamW; bf16 autocast on a GPU.
                            [--bucket-mb MB] [--fsdp] [--mode MODE] [--dump-code DIR]
                            [--model NAME] [--compile-blocks] [--dynamic] [--mark-dynamic]
                            [--compile-optimizer] [--float32-rotary]
-                           [--sdpa-backend NAME] [--eager]
+                           [--sdpa-backend NAME] [--no-autocast] [--eager]
     torchrun --nproc-per-node 2 llama_script.py ...     # DDP (gloo on CPU, NCCL on GPUs)
     torchrun --nproc-per-node 2 llama_script.py --fsdp  # FSDP2: fully_shard per block
 
@@ -37,6 +37,8 @@ The training configurations of ``python -m bench matrix``:
 * ``--sdpa-backend NAME``: attention inside ``torch.nn.attention.sdpa_kernel(SDPBackend.NAME)``
   (``MATH``, ``FLASH_ATTENTION``, ``EFFICIENT_ATTENTION``, ``CUDNN_ATTENTION``), as a model
   that picks its attention kernel does (an SDPA-backend region in the graph);
+* ``--no-autocast``: float32 on a GPU too (a zoo model with an op that has no bf16 kernel:
+  GoogleFnet's FFT);
 * ``--eager``: nothing compiled (the baseline a compile's first step is measured against).
 """
 

@@ -372,3 +372,26 @@ def test_a_matrix_cut_short_by_its_time_limit_keeps_and_renders_the_runs_it_fini
     assert list(cell) == ["eager"] and cell["eager"]["ready_s"] > 0
     row = next(r for r in (out / "matrix.md").read_text().splitlines() if "script/cpu" in r)
     assert f"| {cell['eager']['ready_s']:.2f} |" in row
+
+
+def test_joined_logs_keep_every_graph_a_worker_generated_beside_each_logs_tail(
+    tmp_path: Path,
+) -> None:
+    # A zoo lane's one worker serves all its models; its tail alone showed only the last
+    # model's codegens, so a slow cold run earlier in the lane (swin_base's) had no timings.
+    from bench.harness import join_logs
+
+    early = [
+        "[05:31:02: INFO] compileq worker: generated graph compileq:a:fx:aa in 41.20s (lower 9.1)",
+        "[05:31:40: WARNING] compileq worker: FX codegen of compileq:a:fx:bb failed: boom",
+    ]
+    filler = [f"[05:3{i % 10}:00: INFO] task {i} succeeded" for i in range(2000)]
+    (tmp_path / "worker-01-gpu-cores.log").write_text("\n".join([*early, *filler]) + "\n")
+    (tmp_path / "swin-compileq_cold.log").write_text('{"rank": 0}\n')
+    joined = tmp_path / "zoo-logs.txt"
+    join_logs(tmp_path, joined, 500)
+    text = joined.read_text()
+    assert text.index("==> swin-compileq_cold.log <==") < text.index("==> worker-01")
+    worker = text.split("==> worker-01-gpu-cores.log <==\n", 1)[1]
+    assert worker.startswith("\n".join(early) + "\n")  # whole, though far above the tail
+    assert worker.rstrip().endswith("task 1999 succeeded") and "task 100 succeeded" not in worker
