@@ -14,8 +14,8 @@ them), ``stock_warm_local``, ``stock_remote_new``, ``compileq_cold``, ``compileq
 a fresh process tree on fresh local dirs. A model whose eager run fails (a model the installed
 transformers or timm cannot build offline) is recorded as skipped, with the error's last line.
 Sizes: ``tiny`` (CPU: two layers, a small batch; a 2-core machine compiles each in under a
-minute), ``gpu`` (the suites' own batch sizes, fewer layers, so each
-compiles in 10-90 s on an H200).
+minute), ``gpu`` (the suites' own batch sizes, fewer layers, so each compiles in 10-90 s on
+an H200).
 
 Results are kept per model in ``--out``/zoo.json, written after every run: a run cut short
 (a time limit, SIGTERM) keeps what it finished, and the next invocation with the same

@@ -298,7 +298,7 @@ MODELS: tuple[ZooModel, ...] = (
     # The config class counts its layers from attention_types (24 by default): four here.
     _hf("GPTNeoForCausalLM", 32, "GPTNeoConfig", length=128, gpu=_NEO_GPU),
     _hf("GPTNeoForSequenceClassification", 32, "GPTNeoConfig", length=128, gpu=_NEO_GPU),
-    # Its FFT has no bf16 kernel ("Unsupported dtype BFloat16", eager too): float32.
+    # FFT: "Unsupported dtype BFloat16" (ZooModel.autocast).
     _hf("GoogleFnet", 16, "FNetConfig", "FNetForMaskedLM", autocast=False),
     _hf("LayoutLMForMaskedLM", 16, "LayoutLMConfig"),
     _hf("LayoutLMForSequenceClassification", 32, "LayoutLMConfig"),

@@ -119,9 +119,7 @@ def test_on_a_gpu_machine_the_zoo_trains_on_the_gpu_and_elsewhere_on_the_cpu() -
     assert on_cpu[on_cpu.index("--device") + 1] == "cpu"
 
 
-def test_a_model_whose_op_has_no_bf16_kernel_trains_in_float32_and_every_other_under_autocast() -> (
-    None
-):
+def test_a_model_with_an_op_bf16_lacks_trains_in_float32_and_the_rest_under_autocast() -> None:
     # GoogleFnet's FFT: "Unsupported dtype BFloat16" in eager too, so the GPU zoo skipped it.
     by_name = {m.name: m for m in zoo.MODELS}
     assert "--no-autocast" in zoo.script_args(by_name["GoogleFnet"], "gpu", True)
