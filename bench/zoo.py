@@ -35,6 +35,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,23 @@ def script_args(model: ZooModel, size: str, gpu: bool) -> list[str]:
     return [*model.args(size), "--device", "cuda:0" if gpu else "cpu", "--steps", steps]
 
 
+@dataclass(frozen=True)
+class Profiled:
+    """``--cprofile RUNS``: the runs named, whole processes under cProfile, each written to
+    ``into``/MODEL-RUN.pstats (read with ``python -m bench.profile_report``). A profiled run is
+    slower than a plain one, by more where more Python runs: its cell says ``profiled`` and no
+    table should take its time for a measurement."""
+
+    runs: frozenset[str]
+    into: Path
+
+    def dir_for(self, run: str) -> Path | None:
+        if run not in self.runs:
+            return None
+        self.into.mkdir(parents=True, exist_ok=True)
+        return self.into
+
+
 def run_model(
     cluster: Cluster,
     workdir: Path,
@@ -92,17 +110,25 @@ def run_model(
     runs: list[str],
     saved: Callable[[dict[str, Any]], None],
     once: bool = False,
+    profiled: Profiled | None = None,
 ) -> dict[str, Any]:
     """Every run of ``runs`` for ``model``, in order, ``saved`` after each. All of them, also
     where an earlier invocation finished some: a new machine's run means something only on
     the cluster its cold run filled, and stock's warm runs only on its cold run's dirs and
-    remote caches. Then its second looks (``second_looks``), unless ``once``."""
+    remote caches. Then its second looks (``second_looks``), unless ``once``. ``profiled``:
+    those runs under cProfile (``--cprofile``)."""
     args = script_args(model, size, cluster.gpu)
     cell: dict[str, Any] = {"suite": model.suite}
-    _runs(cluster, workdir, model, args, runs, cell, saved)
-    if not once and "skipped" not in cell and (again := second_looks(cell)):
+    _runs(cluster, workdir, model, args, runs, cell, saved, profiled)
+    # Until no look is left: a look can call for another (the losses' look runs stock cold
+    # again, and the new mean of stock's cold runs can make compileq's cold ratio read
+    # slower: GPTJForCausalLM on the H200, 0.97x, then 1.01x with compileq's cold run once).
+    # Each run is added once at most, so this ends.
+    while not once and "skipped" not in cell and (again := second_looks(cell)):
         print(f"zoo: {model.name}: again: {', '.join(again)}", flush=True)
-        _runs(cluster, workdir, model, args, again, cell, saved)
+        _runs(cluster, workdir, model, args, again, cell, saved, profiled)
+        if not any(run in cell for run in again):
+            break  # none of them ran (a failed reuse): nothing new to look at
     return cell
 
 
@@ -114,6 +140,7 @@ def _runs(
     runs: list[str],
     cell: dict[str, Any],
     saved: Callable[[dict[str, Any]], None],
+    profiled: Profiled | None = None,
 ) -> None:
     for name, mode, before, reuse in RUNS:
         if name not in runs:
@@ -128,9 +155,10 @@ def _runs(
         tag = f"{stem}-{name}"
         eager = ["--eager"] if name == "eager" else []
         caches_of = f"{stem}-{reuse}" if reuse else None
+        cprofile = profiled.dir_for(name) if profiled else None
         started = time.monotonic()
         try:
-            run = run_job(cluster, workdir, tag, 0, [*args, *eager], mode, caches_of)
+            run = run_job(cluster, workdir, tag, 0, [*args, *eager], mode, caches_of, cprofile)
         except TimeUp:
             raise
         except SystemExit as failed:
@@ -144,6 +172,8 @@ def _runs(
             run["ready_s"] = ready_s(run, "zoo")
             run["step_s"] = step_s(run, "zoo")
             run["wall_s"] = round(time.monotonic() - started, 1)
+            if cprofile is not None:
+                run["profiled"] = True
             cell[name] = run
             print(f"{tag}: first step {run['ready_s']} s", flush=True)
         saved(cell)
@@ -215,6 +245,13 @@ def main(argv: list[str] | None = None) -> int:
         help="run this many models at once, each lane on its own share of the cores "
         "(bench/zoo_lanes.py)",
     )
+    parser.add_argument(
+        "--cprofile",
+        default=None,
+        metavar="RUNS",
+        help="these runs (names as in --runs) under cProfile, into OUT/pstats; slower than "
+        "plain runs: a profiling invocation, not a measurement",
+    )
     parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "bench-out" / "zoo"))
     args = parser.parse_args(argv)
     gpu = torch.cuda.is_available()
@@ -222,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     runs = args.runs.split(",")
     if unknown := set(runs) - {name for name, *_ in RUNS}:
         parser.error(f"unknown runs {sorted(unknown)}")
+    profiled_runs = frozenset(args.cprofile.split(",")) if args.cprofile else frozenset()
+    if unknown := profiled_runs - {name for name, *_ in RUNS}:
+        parser.error(f"--cprofile: unknown runs {sorted(unknown)}")
     suites = set(args.suites.split(","))
     chosen = [m for m in MODELS if m.suite in suites]
     if args.models:
@@ -270,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
                 _save(out, results)
 
             print(f"zoo: {model.name}", flush=True)
-            saved(run_model(cluster, workdir, model, size, runs, saved, args.once))
+            profiled = Profiled(profiled_runs, out / "pstats") if profiled_runs else None
+            saved(run_model(cluster, workdir, model, size, runs, saved, args.once, profiled))
     finally:
         try:
             cluster.close()
@@ -303,6 +344,8 @@ def _in_lanes(
         passed.append("--again")
     if args.once:
         passed.append("--once")
+    if args.cprofile:
+        passed += ["--cprofile", args.cprofile]
     if args.deadline_s is not None:
         passed += ["--deadline-s", str(args.deadline_s)]
     try:

@@ -9,7 +9,9 @@
 # logs) beside the merged zoo.json and zoo.md.
 set -u
 lanes=$1 seconds=$2 models=$3
-source .carry/device-setup.sh || exit 1
+# Set up once per call: a second install into /tmp/site would replace files that a zoo beside
+# this one is importing.
+case ":${PYTHONPATH:-}:" in *:/tmp/site:*) ;; *) source .carry/device-setup.sh || exit 1 ;; esac
 unset PYTHONDONTWRITEBYTECODE
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 python3 - "$models" <<'PY'

@@ -119,8 +119,9 @@ print(json.dumps({"seeded": seeded, "torch_key": codecache.torch_key().hex(),
                   "triton_key": triton_key()}))
 """
 #: Both keys, on every torch: 2.13 keeps them in caches with ``set()``; on 2.11 Triton's key
-#: is seeded where Inductor looks it up (``triton_compat``).
-SEEDABLE = ["torch_key", "triton_key"]
+#: is seeded where Inductor looks it up (``triton_compat``). And Triton's key where Triton's
+#: own compiler reads it.
+SEEDABLE = ["torch_key", "triton_key", "triton_compiler_key"]
 
 
 def inductor_keys(xdg: Path, how: str) -> dict[str, object]:
@@ -175,7 +176,8 @@ from torch._inductor import codecache
 from torch._inductor.runtime import triton_compat
 from triton.runtime import cache
 system = codecache.CacheBase.get_system()  # in every FX-graph and AOTAutograd cache key
-print(json.dumps({"seeded": seeded, "triton_hashed": cache.triton_key.cache_info().misses,
+real = getattr(cache.triton_key, "__wrapped__", cache.triton_key)  # Triton's own lru_cache
+print(json.dumps({"seeded": seeded, "triton_hashed": real.cache_info().misses,
                   "compat": triton_compat.triton_key(), "system": system}))
 """
 
@@ -221,3 +223,62 @@ def test_inductors_system_info_is_computed_without_triton_hashing_its_files(
     compat = fresh_process(_TRITON_COMPAT)
     assert compat["hashed"] == 0 and compat["again"] == "refused"
     assert compat["value"] == compat["real"] == first["compat"]
+
+
+_TRITON_COMPILE = """
+import json
+from compileq import fingerprint
+from compileq.build.triton import enable_cross_compile
+seeded = fingerprint.seed_inductor_keys()
+enable_cross_compile()  # no GPU here: the target is given
+import triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime import cache
+
+@triton.jit
+def add_one(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1, mask=offs < n)
+
+signature = {"x_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"}
+src = ASTSource(add_one, signature=signature, constexprs={"BLOCK": 128})
+kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32))
+real = getattr(cache.triton_key, "__wrapped__", cache.triton_key)  # Triton's own lru_cache
+hashed = real.cache_info().misses
+print(json.dumps({"seeded": seeded, "hashed": hashed, "cubin": len(kernel.asm["cubin"]),
+                  "key": cache.triton_key(), "real": real()}))
+"""
+
+
+def test_a_kernel_tritons_compiler_builds_is_keyed_on_the_memo_without_hashing_tritons_files(
+    tmp_path: Path,
+) -> None:
+    # A warm graph's load can compile a kernel in the client (_dynamic_scale_rblock): on a
+    # new machine its first triton.compile hashed Triton's files, 0.38 s (H200, GoogleFnet).
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    script = tmp_path / "compile_one.py"  # a file: Triton's jit reads the kernel's source
+    script.write_text(_TRITON_COMPILE)
+
+    def fresh_process() -> dict[str, object]:
+        # Each on an empty Triton cache dir: a compile, not a hit in Triton's file cache.
+        cache_dir = tmp_path / f"triton-{len(list(tmp_path.glob('triton-*')))}"
+        out = subprocess.run(
+            [sys.executable, str(script)],
+            env={**env, "TRITON_CACHE_DIR": str(cache_dir)},
+            capture_output=True,
+            text=True,
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        return json.loads(out.stdout.splitlines()[-1])  # type: ignore[no-any-return]
+
+    first, second = fresh_process(), fresh_process()  # the first fills the memo
+    assert first["hashed"] == 1  # computed once, by Triton, for the memo
+    assert "triton_compiler_key" in second["seeded"] and second["hashed"] == 0
+    assert second["cubin"] == first["cubin"] > 0  # a real build, keyed on the memo's value
+    assert second["key"] == first["real"]  # the value Triton computes, where it computed

@@ -111,6 +111,29 @@ def test_an_unknown_model_name_is_refused_with_what_names_are() -> None:
     assert "unknown models ['NoSuchModel']" in proc.stderr and "timm:NAME" in proc.stderr
 
 
+def test_a_run_named_to_cprofile_leaves_its_profile_and_says_it_was_profiled(
+    tmp_path: Path,
+) -> None:
+    # Eager only: the profile's plumbing, not a compile (the subset above compiles).
+    proc = run_zoo(
+        tmp_path, "--models", "BertForMaskedLM", "--size", "tiny", "--runs", "eager",
+        "--cprofile", "eager",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run = json.loads((tmp_path / "zoo.json").read_text())["models"]["BertForMaskedLM"]["eager"]
+    assert run["profiled"] is True and run["ready_s"] > 0
+    import pstats
+
+    profile = pstats.Stats(str(tmp_path / "pstats" / "BertForMaskedLM-eager.pstats"))
+    assert any(name == "main" for _path, _line, name in profile.stats)  # type: ignore[attr-defined]
+
+
+def test_a_run_to_cprofile_that_is_no_run_is_refused_before_anything_runs() -> None:
+    proc = run_zoo(Path("/nonexistent-never-written"), "--cprofile", "compileq_nwe")
+    assert proc.returncode == 2
+    assert "--cprofile: unknown runs ['compileq_nwe']" in proc.stderr
+
+
 def test_on_a_gpu_machine_the_zoo_trains_on_the_gpu_and_elsewhere_on_the_cpu() -> None:
     # The training script's own default is the CPU: the first GPU zoo ran on the host's cores.
     model = next(m for m in zoo.MODELS if m.name == "BertForMaskedLM")

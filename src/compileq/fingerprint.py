@@ -267,6 +267,12 @@ def seed_inductor_keys(set_attr: Callable[[Any, str, Any], object] = setattr) ->
             except (RuntimeError, AssertionError):
                 continue
             seeded.append(name)
+        if HAS_TRITON:
+            try:
+                _seed_triton_compiler(_triton_key(), set_attr)
+                seeded.append("triton_compiler_key")
+            except RuntimeError:  # seeded already
+                pass
     except Exception:
         log.debug("compileq: Inductor's keys not seeded", exc_info=True)
     return seeded
@@ -291,6 +297,35 @@ def _seed_triton_compat(value: str, set_attr: Callable[[Any, str, Any], object] 
 
     triton_key._compileq_seeded = True  # type: ignore[attr-defined]
     set_attr(triton_compat, "triton_key", triton_key)
+
+
+def _seed_triton_compiler(
+    value: str, set_attr: Callable[[Any, str, Any], object] = setattr
+) -> None:
+    """Triton's key where Triton's compiler reads it: ``triton.compile`` keys its file cache
+    on ``get_cache_key``, which calls ``triton.runtime.cache.triton_key`` through that
+    module's globals, and that is an ``lru_cache`` that hashes Triton's compiler, backends and
+    libtriton. A client seldom compiles a kernel itself, but a graph loaded warm can: a
+    reduction whose config spills registers is built again with a smaller block as it is
+    loaded (``CachingAutotuner._dynamic_scale_rblock``). On a new machine that first compile
+    of the process hashed Triton's files, 0.38 s of GoogleFnet's 2.34 s first step (H200,
+    torch 2.11, cProfile: ``bench/zoo_profile_device.sh``); stock's warm local cache had
+    hashed them already, for its FX key, which compileq seeds instead. The name is pointed at
+    the memoised value, as Triton's own compile-warmup workers point it at their parent's
+    (``_compile_warmup_pool``); what bound the function at import (Triton's autotuner)
+    computes it itself, to the same value. ``__wrapped__``: Triton's own function."""
+    from triton.runtime import cache
+
+    current = cache.triton_key
+    if getattr(current, "_compileq_seeded", False):
+        raise RuntimeError("Triton's compiler key is seeded already")
+
+    def triton_key() -> str:
+        return value
+
+    triton_key._compileq_seeded = True  # type: ignore[attr-defined]
+    triton_key.__wrapped__ = current  # type: ignore[attr-defined]
+    set_attr(cache, "triton_key", triton_key)
 
 
 def use_torch_ptxas() -> None:

@@ -29,8 +29,10 @@ def preload(cpu_only: bool) -> None:
 
     # Before the fork, or each pool process's first graph hashes again; in the ledger, and
     # never undone: a worker's process compiles for its whole life.
-    seed_inductor_keys(Patches("worker-keys").set)
+    # Triton's own key first: the seeding then points its compiler at the memo, and the
+    # function Triton's autotuner bound at import is the one filled.
     prime_triton_key()
+    seed_inductor_keys(Patches("worker-keys").set)
     prime_codegen()
 
 
@@ -38,9 +40,10 @@ def prime_triton_key() -> None:
     """Compute Triton's own ``triton_key()`` before the fork, as stock's compile pool does
     (``pre_fork_setup``). Triton's compiler keys every kernel on it, and it is an
     ``lru_cache`` per process that hashes Triton's compiler and libtriton (0.3-0.4 s): computed
-    here once, every pool process inherits it; else each pays it at its first kernel. Not
-    seeded from compileq's memo as Inductor's is: Triton's autotuner binds the function at
-    import, so the real one is what every caller must find filled."""
+    here once, every pool process inherits it; else each pays it at its first kernel.
+    Computed, not only seeded from compileq's memo (``fingerprint._seed_triton_compiler``
+    points the compiler's name at it next): Triton's autotuner binds the function at import,
+    so the real one is what it must find filled."""
     try:
         from triton.runtime.cache import triton_key
     except ImportError:  # no Triton, or one whose key lives elsewhere: each process computes it
