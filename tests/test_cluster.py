@@ -287,6 +287,22 @@ def test_graph_codegen_on_a_worker_sends_kernels_to_free_siblings_and_builds_the
     assert not list(empty_cache.scan_iter(match=keys.LOCK + "*"))
 
 
+def test_graph_codegen_on_a_worker_sends_its_share_and_builds_the_rest_on_its_own_threads(
+    env: Env, worker: Worker, empty_cache: redis.Redis, tmp_path: Path
+) -> None:
+    # A codegen given a share of 2 kernels with siblings at once (workers/fx_slots.kernel_share)
+    # pulls the next miss to whichever frees first: a sibling or one of its compile threads.
+    n = len(manifest_rows(GPT))
+    report = load_client(env, tmp_path / "share", GPT, "--on-worker", "share:2")
+    assert report["remote"] + report["local"] == n
+    assert report["remote"] >= 2 and report["local"] >= 1  # both took part
+    assert 1 <= report["peak_sent"] <= 2  # never more than the share with the siblings
+    counters = stats(env, tmp_path / "share")
+    assert (counters["kernel_remote_compiles"], counters["kernel_local_compiles"]) == (n, 0)
+    assert counters["entries"] == n and counters.get("fallbacks", 0) == 0
+    assert not list(empty_cache.scan_iter(match=keys.LOCK + "*"))
+
+
 def test_a_worker_of_another_toolchain_never_receives_the_kernels(
     env: Env, clean_cache: redis.Redis, tmp_path: Path, worker: Worker, reliability: Recorder
 ) -> None:

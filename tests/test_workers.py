@@ -24,7 +24,7 @@ from compileq.errors import WorkerError
 from compileq.fingerprint import Target
 from compileq.tasks.app import celery_config
 from compileq.workers import priority
-from compileq.workers.fx_slots import FxSlots
+from compileq.workers.fx_slots import KERNELS_PER_SIBLING, FxSlots
 from compileq.workers.gpus import Gpu, from_smi_rows, parse_smi, select_gpus, visible_entries
 from compileq.workers.supervisor import ChildSpec, plan
 from tests.conftest import SECRET, Env, RedisServer, Worker, start_worker, stop_worker
@@ -168,6 +168,20 @@ def test_graph_codegen_enqueues_kernels_only_while_some_pool_process_generates_n
     assert slots.generating_now == 0
     with pytest.raises(ValueError, match="at least 1"):
         FxSlots(0)
+
+
+def test_a_generating_graph_may_have_its_even_part_of_the_free_siblings_kernels_with_them() -> None:
+    slots = FxSlots(4)
+    per = KERNELS_PER_SIBLING
+    with slots.generating():  # three siblings free, one graph: all of them
+        assert slots.kernel_share() == 3 * per
+        with a_sibling_generating(slots):  # two free, two graphs: one each
+            assert slots.kernel_share() == per
+            with slots.sending() as sent:  # one reserved for a C++ object: half of one, up
+                assert sent and slots.kernel_share() == per
+                with slots.sending() as also, slots.generating():  # none left
+                    assert also and slots.kernel_share() == 0
+    assert slots.kernel_share() == 4 * per  # nobody generating: every process is a sibling
 
 
 def test_a_graphs_codegen_sends_a_cpp_object_only_to_a_sibling_no_other_sent_object_holds() -> None:

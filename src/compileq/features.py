@@ -189,6 +189,7 @@ def _stay_off(
     fx: bool | None = None,
     on_worker: Callable[[], bool] | None = None,
     send_slot: Callable[[], AbstractContextManager[bool]] | None = None,
+    kernel_share: Callable[[], int] | None = None,
 ) -> bool:
     """What install() does when it cannot finish: undo what it did, and leave stock alone."""
     with contextlib.suppress(Exception):
@@ -203,6 +204,7 @@ def install(
     fx: bool | None = None,
     on_worker: Callable[[], bool] | None = None,
     send_slot: Callable[[], AbstractContextManager[bool]] | None = None,
+    kernel_share: Callable[[], int] | None = None,
 ) -> bool:
     """Route Inductor's Triton builds through compileq. Returns whether compileq is active.
 
@@ -210,7 +212,9 @@ def install(
     workers. ``on_worker`` is for a worker's own FX codegen: its kernels are enqueued only
     while ``on_worker()`` says a sibling pool process is free (see ``KernelClient``), else
     built in place and stored; either way they count as remote builds. ``send_slot``, with
-    it, reserves a free sibling for each C++ object sent (``inductor/cpp_fanout.py``).
+    it, reserves a free sibling for each C++ object sent (``inductor/cpp_fanout.py``), and
+    ``kernel_share`` says how many of its kernels may be with siblings at once, the rest built
+    by its own compile threads as they free (``scheduler/share.py``).
 
     Never raises: with a missing secret or a bad setting compileq stays off and says why,
     once; without Redis or workers it builds locally. Safe to call again: a later call finishes
@@ -234,7 +238,7 @@ def install(
 
             if not _POOL.fits():  # every other feature rides on it: said once, stock stays
                 return False
-            ctx = _context(settings, want_fx, on_worker, send_slot)
+            ctx = _context(settings, want_fx, on_worker, send_slot, kernel_share)
             if ctx is None:
                 return False
             _installed = _Installed(ctx)
@@ -255,13 +259,20 @@ def _context(
     fx: bool,
     on_worker: Callable[[], bool] | None,
     send_slot: Callable[[], AbstractContextManager[bool]] | None = None,
+    kernel_share: Callable[[], int] | None = None,
 ) -> Context | None:
     """The client and pool every feature shares; None (compileq stays off) for a bad setting."""
-    from torch._inductor.async_compile import AsyncCompile
+    from torch._inductor.async_compile import AsyncCompile, get_compile_threads
 
     stock = AsyncCompile.__dict__["process_pool"].__func__
     try:
-        client = KernelClient(settings, LocalBuilder(stock), on_worker=on_worker)
+        client = KernelClient(
+            settings,
+            LocalBuilder(stock),
+            on_worker=on_worker,
+            kernel_share=kernel_share,
+            local_slots=get_compile_threads() if kernel_share is not None else 1,
+        )
     except ConfigError as e:
         warn_once("config", "compileq: not installed: %s", e)
         return None

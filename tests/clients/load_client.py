@@ -1,9 +1,11 @@
 """A client process that requests a manifest's kernels through compileq and checks each one.
 
-Usage: python load_client.py MANIFEST [--on-worker free|busy]   (settings from COMPILEQ_*)
+Usage: python load_client.py MANIFEST [--on-worker free|busy|share:N]   (settings from COMPILEQ_*)
 
 ``--on-worker`` makes it the client a worker's graph codegen uses, told that a sibling pool
-process is free (it enqueues) or that none is (it builds in place).
+process is free (it enqueues) or that none is (it builds in place), or given a share of N
+kernels with siblings at once (the rest built on its own compile threads); then the JSON says
+how many were ever with siblings at once (``peak_sent``).
 
 Submits every kernel at once through :class:`KernelClient` (what ``compileq.install()`` uses),
 records each kernel's latency from submission to its result, and checks every result is a
@@ -17,6 +19,7 @@ import json
 import pickle
 import struct
 import sys
+import threading
 import time
 from concurrent.futures import Future, wait
 
@@ -53,22 +56,35 @@ def main() -> None:
     get_compile_threads()
     jobs = read_manifest(__import__("pathlib").Path(sys.argv[1]))
     on_worker = sys.argv[3] if sys.argv[2:3] == ["--on-worker"] else None
+    share = int(on_worker.split(":")[1]) if on_worker and on_worker.startswith("share:") else None
     client = KernelClient(
         Settings(),
         LocalBuilder(AsyncCompile.process_pool),
-        on_worker=None if on_worker is None else lambda: on_worker == "free",
+        on_worker=None if on_worker is None else lambda: on_worker != "busy",
+        kernel_share=None if share is None else lambda: share,
+        local_slots=get_compile_threads(),
     )
+    peak = [0]
+    stop = threading.Event()
+
+    def watch() -> None:  # how many were with siblings at once, sampled every 5 ms
+        while not stop.wait(0.005):
+            if client._share is not None:
+                peak[0] = max(peak[0], client._share.counts[1])
+
     done_at: dict[int, float] = {}
 
     def stamp(i: int) -> object:
         return lambda _f: done_at.__setitem__(i, time.perf_counter())
 
+    threading.Thread(target=watch, daemon=True).start()
     started = time.perf_counter()
     futures: list[Future[Built]] = client.submit_many([(job, {}) for job in jobs])
     for i, future in enumerate(futures):
         future.add_done_callback(stamp(i))  # type: ignore[arg-type]
     wait(futures, timeout=600)
     wall = time.perf_counter() - started
+    stop.set()
     client.close()
     tally = {"hit": 0, "remote": 0, "local": 0}
     failed, bad = [], []
@@ -93,6 +109,7 @@ def main() -> None:
                 "problems": (failed + bad)[:5],
                 "latencies_ms": latencies,
                 "wall_s": round(wall, 3),
+                "peak_sent": peak[0],
             }
         )
     )

@@ -42,6 +42,7 @@ from compileq.scheduler.local import LocalBuilder
 from compileq.scheduler.outage import Backlog, Reconnector, store_entries
 from compileq.scheduler.progress import progress
 from compileq.scheduler.routing import Router
+from compileq.scheduler.share import Share
 from compileq.sentinel_url import is_sentinel
 from compileq.tasks import broker, events
 from compileq.tasks.jobs import TRITON, TritonJob, key_of
@@ -68,6 +69,7 @@ class Built:
 class _State(enum.Enum):
     WAITING = "waiting"  # for an announcement from whoever holds the lease
     LOCAL = "local"  # building in the local pool
+    PENDING = "pending"  # a worker's codegen holds it until a sibling or a thread is free
 
 
 @dataclass(eq=False)  # a flight is an identity: equal fields never make two flights one
@@ -90,15 +92,24 @@ class KernelClient:
         local: LocalBuilder,
         *,
         on_worker: Callable[[], bool] | None = None,
+        kernel_share: Callable[[], int] | None = None,
+        local_slots: int = 1,
     ) -> None:
         """``on_worker``: this client runs inside a worker's FX codegen, and the callable says
         whether a sibling pool process is free to build what it enqueues. While one is, it
         enqueues its misses like any client; else it builds them itself without taking leases:
         a graph waiting for a queue whose every consumer is busy waiting too would deadlock.
-        Its own builds count as remote."""
+        Its own builds count as remote. ``kernel_share``, with it: how many of this process's
+        kernels may be with siblings at once; then misses go to siblings or to ``local_slots``
+        builds here, whichever has room first (``share.py``)."""
         self._settings = settings
         self._local = local
         self._on_worker = on_worker
+        self._share: Share[_Flight] | None = None
+        if on_worker is not None and kernel_share is not None:
+            self._share = Share(
+                kernel_share, max(1, local_slots), self._send_shared, self._build_shared
+            )
         self._built = (
             Counter.KERNEL_LOCAL_COMPILES if on_worker is None else Counter.KERNEL_REMOTE_COMPILES
         )
@@ -292,51 +303,93 @@ class KernelClient:
                     misses.append(flight)
                 else:
                     self._resolve(flight, Built(flight.key, entry, Outcome.HIT))
-            if self._on_worker is not None and not self._on_worker():
-                self._store.count(
-                    {
-                        Counter.KERNEL_HITS: len(flights) - len(misses),
-                        Counter.KERNEL_MISSES: len(misses),
-                    }
-                )
-                self._build_locally(misses)
+            if self._on_worker is None:
+                self._send(misses, flights)
                 return
-            owners = self._take_leases(misses)
-            remote: list[_Flight] = []
-            unserved: list[_Flight] = []
-            for f in owners:
-                (remote if self._router.has_worker(f.queue) else unserved).append(f)
-            for queue, flight in {f.queue: f for f in unserved}.items():
-                # Asked once per queue: the answer reads every worker's record.
-                if flight.job.target is not None and first_time(f"no-worker:{queue}"):
-                    log.warning(
-                        "compileq: no live worker for queue %s (%s); compiling locally",
-                        queue,
-                        self._router.why_unserved(flight.job.target),
-                    )
             self._store.count(
                 {
                     Counter.KERNEL_HITS: len(flights) - len(misses),
                     Counter.KERNEL_MISSES: len(misses),
-                    Counter.FALLBACKS: len(unserved),
                 },
-                _per_queue(flights, misses, unserved),
-                [
-                    *(
-                        [meta.record_misses([self._miss_record(f) for f in misses])]
-                        if misses
-                        else ()
-                    ),
-                    fallback(Reason.NO_WORKER, len(unserved)),
-                ],
+                _per_queue(flights, misses, []),
             )
-            self._enqueue(remote)
-            self._build_locally(unserved)
+            if self._share is not None:
+                with self._lock:
+                    for f in misses:
+                        f.state = _State.PENDING
+                self._share.add(misses)
+            elif self._on_worker():
+                self._send(misses, [])
+            else:
+                self._build_locally(misses)
         except redis.RedisError as e:
             self._redis_failed(e)  # builds every waiting flight, these included, locally
         except Exception as e:  # a bug, or a value from Redis it could not read: stock's way
             boundary.internal_error("the kernel client", e)
             self._build_locally(flights)
+
+    def _send(self, misses: list[_Flight], looked_up: list[_Flight]) -> None:
+        """Lease ``misses`` and send those this client owns to a live worker (the rest wait
+        for their owner; with no live worker, built here). ``looked_up``: the batch whose
+        hits and misses are counted with this (empty where they were counted already)."""
+        owners = self._take_leases(misses)
+        remote: list[_Flight] = []
+        unserved: list[_Flight] = []
+        for f in owners:
+            (remote if self._router.has_worker(f.queue) else unserved).append(f)
+        for queue, flight in {f.queue: f for f in unserved}.items():
+            # Asked once per queue: the answer reads every worker's record.
+            if flight.job.target is not None and first_time(f"no-worker:{queue}"):
+                log.warning(
+                    "compileq: no live worker for queue %s (%s); compiling locally",
+                    queue,
+                    self._router.why_unserved(flight.job.target),
+                )
+        counts = {Counter.FALLBACKS: len(unserved)}
+        if looked_up:
+            counts[Counter.KERNEL_HITS] = len(looked_up) - len(misses)
+            counts[Counter.KERNEL_MISSES] = len(misses)
+        self._store.count(
+            counts,
+            _per_queue(looked_up, misses if looked_up else [], unserved),
+            [
+                *([meta.record_misses([self._miss_record(f) for f in misses])] if misses else ()),
+                fallback(Reason.NO_WORKER, len(unserved)),
+            ],
+        )
+        self._enqueue(remote)
+        self._build_locally(unserved)
+
+    def _send_shared(self, flights: list[_Flight]) -> None:
+        """``Share``'s way to send: ``flights`` wait for a sibling's build from now on."""
+        flights = self._claim_pending(flights, _State.WAITING)
+        if not flights:
+            return
+        try:
+            self._send(flights, [])
+        except redis.RedisError as e:
+            self._redis_failed(e)
+        except Exception as e:
+            boundary.internal_error("the kernel client", e)
+            self._build_locally(flights)
+
+    def _build_shared(self, flights: list[_Flight]) -> None:
+        """``Share``'s way to build here."""
+        self._build_locally(self._claim_pending(flights, _State.PENDING))
+
+    def _claim_pending(self, flights: list[_Flight], state: _State) -> list[_Flight]:
+        """Those of ``flights`` still pending, now in ``state``; the rest (built here after a
+        Redis failure, or ended meanwhile) give their room back."""
+        with self._lock:
+            claimed = [f for f in flights if f.state is _State.PENDING and not f.future.done()]
+            for f in claimed:
+                f.state = state
+        share = self._share
+        if share is not None:
+            for f in flights:
+                if f not in claimed:
+                    share.done(f)
+        return claimed
 
     def _miss_record(self, flight: _Flight) -> dict[str, Any]:
         target = flight.job.target
@@ -590,9 +643,11 @@ class KernelClient:
         finally:
             _closed(watcher)
 
-    def _waiting(self) -> list[_Flight]:
+    def _waiting(self, *states: _State) -> list[_Flight]:
+        """The flights in ``states`` (default: waiting for an announcement)."""
+        wanted = states or (_State.WAITING,)
         with self._lock:
-            return [f for f in self._flights.values() if f.state is _State.WAITING]
+            return [f for f in self._flights.values() if f.state in wanted]
 
     def _settle(self, waiting: list[_Flight], seen: roundtrip.Round, now: float) -> None:
         """End the ``waiting`` flights that ``seen`` (one look of the watcher at ``now``)
@@ -660,7 +715,7 @@ class KernelClient:
             self._settings.redis_display,
             error,
         )
-        self._build_locally(self._waiting())
+        self._build_locally(self._waiting(_State.WAITING, _State.PENDING))
 
     def _take(self, flight: _Flight) -> bool:
         """Claim the right to end ``flight``: announcement, poll and local build may race."""
@@ -674,10 +729,17 @@ class KernelClient:
         if self._take(flight):
             progress.kernel(built.outcome.value)
             flight.future.set_result(built)
+            self._ended(flight)
 
     def _fail(self, flight: _Flight, error: BaseException) -> None:
         if self._take(flight):
             flight.future.set_exception(error)
+            self._ended(flight)
+
+    def _ended(self, flight: _Flight) -> None:
+        """A worker's codegen: ``flight``'s room goes to the next kernel waiting for one."""
+        if self._share is not None:
+            self._share.done(flight)
 
 
 def _closed(watcher: roundtrip.Watcher | None) -> None:

@@ -247,6 +247,7 @@ def _install_in_this_process(ctx: WorkerContext) -> None:
         fx=False,
         on_worker=ctx.fx_slots.sibling_free,
         send_slot=ctx.fx_slots.sending,
+        kernel_share=ctx.fx_slots.kernel_share,
     )
     _deprecated_config_said()
     _installed_pid = os.getpid()

@@ -7,7 +7,10 @@ place they need a compile pool of their own in the generating process (Inductor'
 cold in every pool process that generates a graph). But a graph waiting for
 kernels that only busy siblings could build would wait for ever, so codegen enqueues its
 kernels only while some pool process is not generating a graph (Celery hands a message only
-to an idle process: its default "fair" scheduling, which the worker sets explicitly).
+to an idle process: its default "fair" scheduling, which the worker sets explicitly), and no
+more of them at once than its share of the free siblings can build (``kernel_share``): the rest
+its own compile threads take as they free (``scheduler/share.py``, where swin_base's 727
+kernels sent to one free sibling were measured).
 
 A C++ object is different: built in place it needs no pool, only a thread of Inductor's that
 runs the compiler, and a graph's codegen runs as many of those at once as it has compile
@@ -81,6 +84,18 @@ class FxSlots:
             with self._counts.get_lock():
                 self._counts[_SENT] -= 1
 
+    def kernel_share(self) -> int:
+        """How many of one generating graph's kernels may be with siblings at once: its even
+        part of the siblings free (neither generating nor building a sent object), times
+        ``KERNELS_PER_SIBLING``; 0 where none is free. The rest it builds on its own compile
+        threads (``scheduler/share.py``)."""
+        with self._counts.get_lock():
+            generating = self._counts[_GENERATING]
+            free = self.concurrency - generating - self._counts[_SENT]
+        if free <= 0:
+            return 0
+        return int(-(-free // max(1, generating)) * KERNELS_PER_SIBLING)
+
     def sibling_free(self) -> bool:
         """Whether some pool process is not generating a graph, and so will take the kernels
         sent to this worker's queue while the graphs wait for them."""
@@ -88,3 +103,5 @@ class FxSlots:
 
 
 _GENERATING, _SENT = 0, 1
+#: One building, one queued behind it: a sibling never waits for the round trip of the next.
+KERNELS_PER_SIBLING = 2
