@@ -36,14 +36,14 @@ def test_whichever_frees_first_takes_the_next_waiting_miss() -> None:
     share = out.make(local_slots=1)
     share.add(list(range(6)))  # 0, 1 sent; 2 built; 3, 4, 5 wait
     share.done(0)  # a sibling's build came back: the next goes to a sibling
-    assert out.sent == [0, 1, 3]
+    assert share.settled(10) and out.sent == [0, 1, 3]
     share.done(2)  # the local build ended: the next is built here
-    assert out.built == [2, 4]
+    assert share.settled(10) and out.built == [2, 4]
     out.share = 0  # every sibling is generating now: only local threads take more
     share.done(1)
-    assert out.sent == [0, 1, 3] and share.counts == (1, 1, 1)
+    assert share.settled(10) and out.sent == [0, 1, 3] and share.counts == (1, 1, 1)
     share.done(4)
-    assert out.built == [2, 4, 5] and share.counts == (0, 1, 1)
+    assert share.settled(10) and out.built == [2, 4, 5] and share.counts == (0, 1, 1)
 
 
 def test_a_small_batch_on_a_large_worker_goes_wholly_to_its_idle_siblings() -> None:
@@ -61,7 +61,7 @@ def test_an_item_ended_twice_or_never_handed_out_frees_nothing() -> None:
     assert share.counts == (1, 1, 1)
     share.done(1)
     share.done(1)  # again: the room it freed is given once
-    assert out.sent == [1, 3] and share.counts == (0, 1, 1)
+    assert share.settled(10) and out.sent == [1, 3] and share.counts == (0, 1, 1)
 
 
 def test_concurrent_ends_hand_out_every_miss_exactly_once() -> None:
@@ -88,8 +88,23 @@ def test_concurrent_ends_hand_out_every_miss_exactly_once() -> None:
         t.start()
     for t in threads:
         t.join(30)
+    assert share.settled(10)
     assert sorted(out.sent + out.built) == list(range(500))
     assert share.counts == (0, 0, 0)
+
+
+def test_what_an_end_frees_is_handed_out_on_the_shares_own_thread_not_the_enders() -> None:
+    # The ender is often the reader thread of Inductor's compile pool: a submit from it can
+    # wait for ever on the pool's pipe (scheduler/share.py).
+    threads: list[str] = []
+    share: Share[int] = Share(
+        lambda: 0, 1, print, lambda items: threads.append(threading.current_thread().name)
+    )
+    share.add([1, 2, 3])
+    for item in (1, 2):
+        share.done(item)
+        assert share.settled(10)
+    assert threads == ["MainThread", "compileq-share", "compileq-share"]
 
 
 def test_a_share_without_local_threads_is_refused() -> None:

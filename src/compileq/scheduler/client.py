@@ -380,10 +380,14 @@ class KernelClient:
     def _claim_pending(self, flights: list[_Flight], state: _State) -> list[_Flight]:
         """Those of ``flights`` still pending, now in ``state``; the rest (built here after a
         Redis failure, or ended meanwhile) give their room back."""
+        deadline = time.monotonic() + self._settings.deadline_s
         with self._lock:
             claimed = [f for f in flights if f.state is _State.PENDING and not f.future.done()]
             for f in claimed:
                 f.state = state
+                # Its wait starts now: one held here past the submit's deadline would
+                # otherwise be given up on at its first look and built twice.
+                f.deadline = deadline
         share = self._share
         if share is not None:
             for f in flights:

@@ -21,14 +21,23 @@ them instead of queuing behind them. Rejected: deciding each miss once, as it ar
 codegen submits a graph's kernels within milliseconds, so all but the first share would go to
 its own pool, and the siblings would idle after their first few); and a share read once per
 graph (siblings free and fill as other graphs start and end).
+
+What an end frees is handed out by a thread of the share's own, never by the thread that
+reported the end. That thread is often the reader of Inductor's compile pool (a local build's
+done callback), and a submit from it writes to the pool's pipe while the pool's worker, its
+pipe full of results nobody reads, waits for that reader: on one H200 such handouts hung three
+codegens of five until the worker's 300 s soft limit.
 """
 
 from __future__ import annotations
 
 import collections
+import os
 import threading
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
+
+from compileq._log import log
 
 F = TypeVar("F", bound=Hashable)
 
@@ -37,8 +46,9 @@ class Share(Generic[F]):
     """The misses of one codegen process, handed to ``send`` or ``build`` as room frees.
 
     ``share()``: how many of this process's kernels may be with siblings at once (0: none free).
-    ``done(item)`` must be called once each item handed out has ended, however it ended; the
-    callbacks run outside the lock, on the caller's thread.
+    ``done(item)`` must be called once each item handed out has ended, however it ended. ``add``
+    hands out on the caller's thread; what ``done`` frees is handed out on the share's own
+    thread (started at the first ``done`` of each process). Callbacks run outside the lock.
     """
 
     def __init__(
@@ -55,6 +65,11 @@ class Share(Generic[F]):
         self._send = send
         self._build = build
         self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._asked = 0  # ends reported
+        self._pumped = 0  # ends whose room the handout thread has handed on
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
         self._pending: collections.deque[F] = collections.deque()
         self._sent: set[F] = set()
         self._local: set[F] = set()
@@ -72,7 +87,8 @@ class Share(Generic[F]):
         self._pump()
 
     def done(self, item: F) -> None:
-        """``item`` ended (built, fetched or failed): its room goes to the next waiting."""
+        """``item`` ended (built, fetched or failed): its room goes to the next waiting, on
+        the share's own thread."""
         with self._lock:
             if item in self._sent:
                 self._sent.discard(item)
@@ -80,7 +96,32 @@ class Share(Generic[F]):
                 self._local.discard(item)
             else:
                 return
-        self._pump()
+            self._asked += 1
+            self._wake.notify()
+            if self._thread is None or self._pid != os.getpid():  # none yet, or a fork's copy
+                self._pid = os.getpid()
+                self._thread = threading.Thread(
+                    target=self._hand_out, name="compileq-share", daemon=True
+                )
+                self._thread.start()
+
+    def settled(self, timeout: float) -> bool:
+        """Wait until every end reported so far has had its room handed on."""
+        with self._wake:
+            return self._wake.wait_for(lambda: self._pumped == self._asked, timeout)
+
+    def _hand_out(self) -> None:
+        while True:
+            with self._wake:
+                self._wake.wait_for(lambda: self._pumped < self._asked)
+                asked = self._asked
+            try:
+                self._pump()
+            except Exception:  # the callbacks guard themselves; never let the thread die
+                log.exception("compileq: handing out kernel builds")
+            with self._wake:
+                self._pumped = asked
+                self._wake.notify_all()
 
     def _pump(self) -> None:
         share = self._share()  # outside the lock: it takes the worker's shared-memory lock
