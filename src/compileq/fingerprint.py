@@ -288,15 +288,7 @@ def _seed_triton_compat(value: str, set_attr: Callable[[Any, str, Any], object] 
     to the same value."""
     from torch._inductor.runtime import triton_compat
 
-    current = triton_compat.triton_key
-    if getattr(current, "_compileq_seeded", False):
-        raise RuntimeError("triton_key is seeded already")
-
-    def triton_key() -> str:
-        return value
-
-    triton_key._compileq_seeded = True  # type: ignore[attr-defined]
-    set_attr(triton_compat, "triton_key", triton_key)
+    _point_at_memo(triton_compat, value, "triton_key", set_attr)
 
 
 def _seed_triton_compiler(
@@ -316,16 +308,24 @@ def _seed_triton_compiler(
     computes it itself, to the same value. ``__wrapped__``: Triton's own function."""
     from triton.runtime import cache
 
-    current = cache.triton_key
+    _point_at_memo(cache, value, "Triton's compiler key", set_attr)
+
+
+def _point_at_memo(
+    module: Any, value: str, what: str, set_attr: Callable[[Any, str, Any], object]
+) -> None:
+    """``module.triton_key`` pointed at ``value``, marked seeded, with the function it replaces
+    as ``__wrapped__``; a RuntimeError where it is seeded already."""
+    current = module.triton_key
     if getattr(current, "_compileq_seeded", False):
-        raise RuntimeError("Triton's compiler key is seeded already")
+        raise RuntimeError(f"{what} is seeded already")
 
     def triton_key() -> str:
         return value
 
     triton_key._compileq_seeded = True  # type: ignore[attr-defined]
     triton_key.__wrapped__ = current  # type: ignore[attr-defined]
-    set_attr(cache, "triton_key", triton_key)
+    set_attr(module, "triton_key", triton_key)
 
 
 def use_torch_ptxas() -> None:
