@@ -22,11 +22,15 @@ codegen submits a graph's kernels within milliseconds, so all but the first shar
 its own pool, and the siblings would idle after their first few); and a share read once per
 graph (siblings free and fill as other graphs start and end).
 
-What an end frees is handed out by a thread of the share's own, never by the thread that
-reported the end. That thread is often the reader of Inductor's compile pool (a local build's
-done callback), and a submit from it writes to the pool's pipe while the pool's worker, its
-pipe full of results nobody reads, waits for that reader: on one H200 such handouts hung three
-codegens of five until the worker's 300 s soft limit.
+What an end frees is handed out by a thread of the share's own, not by the thread that
+reported the end: that is the client's listener (a send's Redis round trips would delay every
+other announcement it reads) or the reader thread of Inductor's compile pool (a local build's
+done callback, held by a submit's pickling and pipe write while other results wait). The share's
+first version, handing out on those threads, hung three codegens of five to the worker's 300 s
+soft limit on one H200; the cause found was elsewhere, in the client: a held miss kept its
+submit's deadline and was given up on at its first look (``KernelClient._claim_pending``; on
+the 2-core CI machine 2 of 92 kernels came back from the sibling, the rest were built twice).
+The two were fixed together; the thread is a precaution not measured apart.
 """
 
 from __future__ import annotations
