@@ -94,8 +94,8 @@ def test_concurrent_ends_hand_out_every_miss_exactly_once() -> None:
 
 
 def test_what_an_end_frees_is_handed_out_on_the_shares_own_thread_not_the_enders() -> None:
-    # The ender is often the reader thread of Inductor's compile pool: a submit from it can
-    # wait for ever on the pool's pipe (scheduler/share.py).
+    # The ender is the client's listener or the reader thread of Inductor's compile pool,
+    # neither of which should do a send's or a submit's work (scheduler/share.py).
     threads: list[str] = []
     share: Share[int] = Share(
         lambda: 0, 1, print, lambda items: threads.append(threading.current_thread().name)
