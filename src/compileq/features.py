@@ -124,11 +124,15 @@ class InductorKeys(Feature):
 
     name = "inductor-keys"
     # codecache.triton_key and the keys' ``set`` are newer torch's, triton_compat.triton_key
-    # 2.11's: fingerprint.seed_inductor_keys takes whichever is there.
+    # 2.11's: fingerprint.seed_inductor_keys takes whichever is there. Triton's own
+    # ``runtime.cache.triton_key`` is what ``triton.compile`` keys its file cache on
+    # (fingerprint._seed_triton_compiler); without Triton neither is replaced.
     targets = (
         Target("torch._inductor.codecache", "torch_key"),
         Target("torch._inductor.runtime.triton_compat", "HAS_TRITON"),
+        Target("torch._inductor.runtime.triton_compat", "triton_key", optional=True),
         Target("torch._inductor.runtime.compile_tasks", "_set_triton_ptxas_path"),
+        Target("triton.runtime.cache", "triton_key", optional=True),
     )
 
     def enable(self, ctx: Context) -> None:
