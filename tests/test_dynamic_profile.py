@@ -4,7 +4,8 @@ compileq is installed in this process against the session's redis-server, and re
 ``torch.compile`` calls go through Dynamo with a backend that records what it was given.
 Another process (another machine) is this one with Dynamo reset, its code state forgotten and
 an empty local cache dir. The whole path (torchrun jobs, workers, a new machine generating
-nothing) is ``tests/test_training_configs.py``'s "a length that changes".
+nothing) is ``tests/test_training_configs.py``'s "ddp, a length that changes" (in one
+process: its "a length that changes", marked slow).
 """
 
 from __future__ import annotations

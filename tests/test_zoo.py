@@ -3,9 +3,10 @@ Inductor benchmark lists that no one here tuned for, timm's and HuggingFace's, e
 a step at a time under stock and under compileq as a user runs them, in fresh processes on a
 real cluster of the bench's own (redis-server, a ``--cpu-only`` worker). For each: built
 offline, no fallback, no graph generated in the training process, none generated on a new
-machine, losses within stock's own. ``make test`` runs these in the zoo's venv (timm needs
-torchvision, built for torch 2.14); elsewhere they are skipped unless COMPILEQ_TEST_ZOO=1
-says the venv has them, which fails the import instead.
+machine, losses within stock's own. ``make test`` runs these once its venv has the zoo's
+packages (``make zoo-setup``: timm needs torchvision, built for one torch release each);
+elsewhere they are skipped unless COMPILEQ_TEST_ZOO=1 says the venv has them, which fails the
+import instead.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import pytest
 from bench import zoo
 
 if os.environ.get("COMPILEQ_TEST_ZOO") != "1":
-    pytest.importorskip("timm", reason="the zoo's venv: make test runs these there")
-    pytest.importorskip("transformers", reason="the zoo's venv: make test runs these there")
+    pytest.importorskip("timm", reason="the zoo's packages: make zoo-setup")
+    pytest.importorskip("transformers", reason="the zoo's packages: make zoo-setup")
 
 pytestmark = pytest.mark.zoo
 ROOT = Path(__file__).resolve().parents[1]
