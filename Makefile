@@ -87,7 +87,8 @@ demo: setup
 # subset included (pytest 23.9, the subset 4.9): the suite has grown by the zoo's issue since.
 # CI took 36.7 for the thirty-second's pytest alone; 34.3 here for it (Inductor's import 8.0 s
 # of CPU: the slow state), the subset 7.5 on 2.14.1 and 7.5 on 2.15.0; then the one-process
-# changing length (2 min) moved to test-all.
+# changing length (2 min) moved to test-all: 35.1 here with it moved (the machine slower
+# again: the lease test 62 -> 89 s, FSDP2 per block 68 -> 97 s), the subset 6.5 on 2.15.0.
 # The 2 cores are saturated throughout (vmstat: 3-8% idle on average), so a third process only slows every
 # test: the suite's time is its CPU, two-thirds of it fresh processes importing torch. Which
 # tests share a process (the Docker ones; those sharing a cold job) is
