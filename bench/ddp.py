@@ -112,6 +112,10 @@ SAME_NAME_COUNTERS = (
     "ddp_subgraph_records",
     # Jobs waited for past the deadline while a live worker built them (cache/building.py).
     "waited_past_deadline",
+    # Backwards held for their forward's padded strides, and those held for nothing
+    # (codegen/padding.py).
+    "fx_held_for_padding",
+    "fx_held_not_padded",
 )
 
 

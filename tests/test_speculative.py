@@ -186,17 +186,42 @@ def test_a_second_entry_into_a_patch_of_torch_2_11s_kind_enters_a_new_patch_of_i
     assert config.max_autotune == before
 
 
-def test_a_backward_sent_ahead_whose_saved_activations_come_back_padded_is_sent_again(
-    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path
+def test_a_backward_whose_forward_may_pad_what_it_saves_waits_for_the_real_strides_and_goes_once(
+    env: Env, worker: Worker, clean_cache: redis.Redis, tmp_path: Path, settings: Settings
 ) -> None:
-    # Inductor pads the forward's saved activation (its rows are 1,032 floats), which nothing
-    # predicts before the forward is lowered: the backward sent ahead has the traced strides,
-    # and is sent again with the padded ones once the worker has lowered the forward.
+    # Inductor pads the forward's saved activation (its rows are 1,032 floats), as the rule of
+    # codegen/padding.py foresees: the backward is held until the worker has lowered the
+    # forward and stored its strides, then sent once, with the padded ones.
     counters = speculated(env, tmp_path, "padded_cpu")
-    # forward, the backward sent ahead, and the one sent again; the lazy compile loaded that
-    # one and sent nothing of its own.
+    assert counters["fx_held_for_padding"] == 1, counters
+    assert counters.get("fx_held_not_padded", 0) == 0, counters
+    # The forward and the backward sent with the real strides, which the lazy compile
+    # loaded: no backward generated with the traced strides for nobody (3 codegens before).
+    assert counters["fx_sent_ahead"] == 1, counters
+    assert counters["fx_remote_compiles"] == 2, counters
+
+    # A hold for nothing: a cold cluster whose early output for that forward says the traced
+    # strides (forged here; on a GPU, a buffer the rule took for padded that Inductor did not
+    # pad). Counted, and it costs one codegen at most, never the step: the backward goes with
+    # the traced strides, and again with the real ones once the forward is compiled.
+    builds = fx_builds(env, tmp_path)
+    [forward] = [b["key"] for b in builds if clean_cache.exists(keys.early(b["key"]))]
+    store = RedisStore(clean_cache, settings)
+    [entry] = store.get_many([keys.early(forward)])
+    assert entry is not None
+    real = fx_strides.parse(entry.payload())
+    assert real is not None and any(s is not None for s in real)
+    wipe_cache(clean_cache)
+    store.put(keys.early(forward), fx_strides.encode([None] * len(real)))
+    counters = speculated(env, tmp_path, "padded_cpu", run_name="as-traced")
+    assert counters["fx_held_for_padding"] == 1 and counters["fx_held_not_padded"] == 1, counters
     assert counters["fx_sent_ahead"] == 2, counters
-    assert counters["fx_remote_compiles"] == 3, counters
+    wait_for(
+        lambda: stats(env, tmp_path)["fx_remote_compiles"] >= 3,
+        120,
+        "the worker to generate the backward sent with the traced strides",
+    )
+    assert stats(env, tmp_path)["fx_remote_compiles"] == 3
 
 
 def test_a_convolution_nets_backward_goes_with_the_strides_the_forwards_worker_stored_early(

@@ -3,9 +3,9 @@ here, in ``__main__``. Prints one JSON line: whether the output and gradients eq
 
 With padding on for the CPU as it is on a GPU (``disable_padding_cpu`` off), Inductor pads a
 saved activation whose rows are over 1024 elements and not a multiple of 128 bytes: here
-1,032 float32 values. Nothing predicts that before the forward is generated, so the backward
-sent ahead has the traced strides, and AOTAutograd restrides its inputs once the forward is
-compiled.
+1,032 float32 values. AOTAutograd restrides the backward's inputs once the forward is
+compiled; compileq foresees the padding (codegen/padding.py) and holds the backward until the
+forward's worker has lowered it.
 """
 
 from __future__ import annotations

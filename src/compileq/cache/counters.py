@@ -30,6 +30,11 @@ class Counter(str, enum.Enum):
     FX_LOCAL_COMPILES = "fx_local_compiles"
     #: Backward graphs whose codegen job was sent when AOTAutograd partitioned them.
     FX_SENT_AHEAD = "fx_sent_ahead"
+    #: Backwards held until their forward's worker had lowered it, because Inductor may pad an
+    #: activation they read (codegen/padding.py); and of those, the ones whose forward's
+    #: strides came back as traced (held for nothing: the rule's false alarms).
+    FX_HELD_FOR_PADDING = "fx_held_for_padding"
+    FX_HELD_NOT_PADDED = "fx_held_not_padded"
     #: Graphs compiled in process at once, without a try on a worker, because a worker's
     #: codegen of the same graph (same toolchain, same compileq) had failed (cache/verdicts.py).
     FX_KNOWN_FAILURES = "fx_known_failures"

@@ -57,6 +57,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from compileq._log import log, warn_once
+from compileq.cache.counters import Counter
+from compileq.codegen import padding
 from compileq.hooks.feature import Context, Feature
 from compileq.hooks.targets import Target
 from compileq.tasks import fx_strides
@@ -99,6 +101,9 @@ class _Pending:
     #: Symbolic sizes the forward saves for it: those come first among its inputs (and make
     #: AOTAutograd compile the backward at once, after the forward: nothing to speculate).
     num_symints: int = 0
+    #: Held for its forward's lowered strides because Inductor may pad an activation it reads
+    #: (``padding.may_pad``), not sent with the traced ones.
+    held_for_padding: bool = False
 
     def send(self, inputs: list[Any] | None = None) -> bool:
         """Run the backward compile as the lazy one will (grad and autocast off, named
@@ -144,8 +149,17 @@ class _Pending:
         them unless it was sent with those strides already."""
         strides = fx_strides.parse(payload)
         inputs = None if strides is None else _restrided(self, strides)
+        if inputs is not None and self.held_for_padding:
+            self.padded(_same_strides(_traced_inputs(self.bw_module), inputs))
         if inputs is not None and self.send(inputs):
             self.inputs = inputs
+
+    def padded(self, as_traced: bool) -> None:
+        """A backward held for padding learns its forward's strides: count a hold for
+        nothing (they came back ``as_traced``), once."""
+        if self.held_for_padding and as_traced:
+            FEATURE.count(Counter.FX_HELD_NOT_PADDED)
+        self.held_for_padding = False
 
 
 def _restrided(pending: _Pending, strides: fx_strides.Strides) -> list[Any] | None:
@@ -295,6 +309,14 @@ class Speculative(Feature):
         Target("torch.fx.experimental.symbolic_shapes", "fx_placeholder_vals", ("gm",)),
         Target("torch._dynamo.compiled_autograd", "compiled_autograd_enabled"),
         Target("torch._guards", "TracingContext.try_get"),
+        # What codegen/padding.py reads of Inductor's padding rule; the CPU switch and the
+        # set of fallbacks are read with a default where a release lacks them.
+        Target("torch._inductor.config", "comprehensive_padding"),
+        Target("torch._inductor.config", "padding_stride_threshold"),
+        Target("torch._inductor.config", "padding_alignment_bytes"),
+        Target("torch._inductor.config", "pad_channels_last"),
+        Target("torch._inductor.config", "disable_padding_cpu", optional=True),
+        Target("torch._inductor.lowering", "fallbacks", optional=True),
         Target(_COMPILE_FX, "_compile_fx_inner", ("gm", "example_inputs"), optional=True),
         Target(_GRAPH_COMPILE, "_aot_stage2b_bw_compile", optional=True),
         Target(_DISTRIBUTED, "SubmodCompiler.run_node", ("self", "n"), optional=True),
@@ -442,9 +464,30 @@ def forward_sent() -> Callable[[bytes], None] | None:
     pending.forward_sent = True
     if pending.ddp:
         return None
-    if not _lays_out_anew(pending.fw_module):
+    if not _held(pending):
         pending.send()
     return pending.lowered if pending.num_symints == 0 else None
+
+
+def _held(pending: _Pending) -> bool:
+    """Whether the backward waits for the strides its forward's worker stores once it has
+    lowered the forward, rather than going now with the traced ones: where Inductor lays the
+    forward out anew, or may pad an activation it saves (``padding.may_pad``, counted)."""
+    if _lays_out_anew(pending.fw_module):
+        return True
+    meta = pending.fw_metadata
+    saved = getattr(meta, "tensors_saved_for_backwards_slice", None)
+    if pending.fw_module is None or not isinstance(saved, slice):
+        return False
+    try:
+        held = padding.may_pad(pending.fw_module, saved)
+    except Exception as e:  # another torch's graph: sent now, as before the rule
+        log.debug("compileq: padding not predicted (%s: %s)", type(e).__name__, e)
+        return False
+    if held:
+        pending.held_for_padding = True
+        FEATURE.count(Counter.FX_HELD_FOR_PADDING)
+    return held
 
 
 def _lays_out_anew(fw_module: Any) -> bool:
@@ -644,9 +687,9 @@ def _run_node_then_send(original: Callable[..., Any]) -> Callable[..., Any]:
             _thread.after_submodule = outer
         for each in pending:
             if each.forward_sent:
-                # A forward Inductor will lay out anew saves its activations with other
-                # strides: its backward goes once its worker has lowered it (``lowered``).
-                if not _lays_out_anew(each.fw_module):
+                # A forward Inductor will lay out anew, or may pad, saves its activations with
+                # other strides: its backward goes once its worker has lowered it (``lowered``).
+                if not _held(each):
                     each.send()
                 _restridable(each)
         return out
@@ -691,7 +734,10 @@ def lowered(inputs: list[Any], restrided: list[Any]) -> bool:
     forward this thread did not send is left to its lazy compile)."""
     sent: OrderedDict[int, _Pending] | None = getattr(_thread, "restridable", None)
     pending = None if sent is None else sent.get(id(inputs))
-    return pending is not None and pending.inputs is inputs and pending.send(restrided)
+    if pending is None or pending.inputs is not inputs:
+        return False
+    pending.padded(restrided is inputs)
+    return pending.send(restrided)
 
 
 @contextmanager
