@@ -493,12 +493,23 @@ def _cores(files: list[dict[str, Any]]) -> dict[str, str]:
     was told: from the meta of the file whose cell won (a file merged from lanes has the same
     cores in each lane's meta)."""
     cores: dict[str, str] = {}
-    for name, (_cell, meta) in _winners(files).items():
+    winners = _winners(files)
+    # A table over several devices (an H100 call among H200 ones) names each row's.
+    several = len({str(meta.get("device")) for _cell, meta in winners.values()}) > 1
+    for name, (_cell, meta) in winners.items():
         left = meta.get("worker_leave_cores")
         cores[name] = f"{meta.get('cores', '-')}" + (
             f" (left {left})" if left not in (None, "default") else ""
         )
+        if several:
+            cores[name] += f", {_short_device(str(meta.get('device')))}"
     return cores
+
+
+def _short_device(device: str) -> str:
+    """ "NVIDIA H100 80GB HBM3" -> "H100": the word with a digit after the vendor's name."""
+    words = [w for w in device.split() if w.upper() != "NVIDIA"]
+    return next((w for w in words if any(c.isdigit() for c in w)), device)
 
 
 def render(files: list[dict[str, Any]]) -> str:

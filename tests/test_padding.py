@@ -1,19 +1,19 @@
 """Whether Inductor may pad an activation a forward saves (codegen/padding.py): the rule that
 holds a backward sent ahead until its forward's worker has lowered the forward. On graphs that
 AOTAutograd itself partitions, in process (real ``torch.compile``, Inductor's own partition;
-the graphs run as traced instead of being generated, which this rule never needs). The rule
-at work between a client and a worker: tests/test_speculative.py.
+nothing is generated, which this rule never needs: bench/zoo_padding.py's backend). The
+rule at work between a client and a worker: tests/test_speculative.py.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import pytest
 import torch
+from bench import zoo_padding
 from torch import nn
 
 from compileq.codegen import padding
@@ -31,34 +31,12 @@ def _cpu_padding(on: bool) -> Iterator[None]:
 def partitioned(model: nn.Module, *inputs: torch.Tensor) -> list[tuple[Any, slice]]:
     """The forward graphs AOTAutograd's partition made of ``model``'s training step, with the
     slice of their outputs saved for the backward, as Inductor's compile partitions them."""
-    from torch._functorch._aot_autograd import graph_compile
-    from torch._functorch._aot_autograd.schemas import ViewAndMutationMeta
-    from torch._functorch.aot_autograd import make_boxed_func
-    from torch._inductor.compile_fx import compile_fx
-
-    found: list[tuple[Any, slice]] = []
-    original = graph_compile._aot_stage2a_partition
-
-    def partition(*args: Any, **kwargs: Any) -> Any:
-        result = original(*args, **kwargs)
-        meta = next(a for a in [*args, *kwargs.values()] if isinstance(a, ViewAndMutationMeta))
-        found.append((result[0], meta.tensors_saved_for_backwards_slice))
-        return result
-
-    def as_traced(gm: Any, example_inputs: Any, **_: Any) -> Callable[..., Any]:
-        return make_boxed_func(gm.forward)  # type: ignore[no-any-return]
-
     torch._dynamo.reset()
-    graph_compile._aot_stage2a_partition = partition
-    # No cache: an AOTAutograd entry of an earlier run would skip the partition.
-    uncached = torch._functorch.config.patch(enable_autograd_cache=False)
     try:
-        backend = functools.partial(compile_fx, inner_compile=as_traced)
-        with uncached, torch._inductor.config.patch(fx_graph_cache=False):
-            out = torch.compile(model, backend=backend)(*inputs)
+        with zoo_padding.partitions() as found:
+            out = torch.compile(model, backend=zoo_padding.traced_only())(*inputs)
             (out[0] if isinstance(out, tuple) else out).sum().backward()
     finally:
-        graph_compile._aot_stage2a_partition = original
         torch._dynamo.reset()
     assert found, "no graph was partitioned"
     return found
@@ -121,22 +99,6 @@ class _SoftmaxThenConv(nn.Module):
         return self.conv(y) if self.conv is not None else y @ self.w
 
 
-def _as_on_a_gpu(fw: Any) -> Any:
-    """``fw`` with every value's device a GPU's (fake tensors of the same sizes, strides and
-    dtypes): a CPU-only machine's stand-in for a graph traced on a GPU."""
-    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-
-    mode = FakeTensorMode()
-    for node in fw.graph.nodes:
-        value = node.meta.get("val")
-        if isinstance(value, torch.Tensor):
-            meta = torch.empty_strided(
-                value.shape, value.stride(), dtype=value.dtype, device="meta"
-            )
-            node.meta["val"] = FakeTensor(mode, meta, torch.device("cuda"))
-    return fw
-
-
 def test_a_saved_activation_whose_rows_inductor_pads_is_foreseen() -> None:
     # 1,032 float32 values a row: over 1,024 and not a multiple of 32 (128 bytes).
     with _cpu_padding(True):
@@ -158,7 +120,8 @@ def test_on_a_gpu_a_matmuls_output_keeps_its_strides_and_on_the_cpu_inductor_lay
         assert any(tuple(n.meta["val"].shape) == (1032, 4) for n in outputs)
         assert padding.may_pad(fw, saved)
         # The same graph on a GPU: an extern kernel's output, laid out as the kernel gives it.
-        assert not padding.may_pad(_as_on_a_gpu(fw), saved)
+        with zoo_padding.on_a_gpu(fw):
+            assert not padding.may_pad(fw, saved)
 
 
 def test_an_activation_the_forward_also_hands_on_keeps_its_traced_strides() -> None:

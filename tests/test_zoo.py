@@ -219,6 +219,10 @@ def test_a_table_of_several_runs_names_each_models_cores_and_what_the_worker_lef
     assert "| A | hf | 16 |" in table and "| B | hf | 4 (left 0) |" in table
     assert "4 cores, torch 2.11.0, triton 3.6.0, gpu sizes, the worker leaving 0 cores" in table
     assert "16 cores, torch 2.11.0, triton 3.6.0, gpu sizes;" in table
+    # A call on another GPU: every row then names its device.
+    other = {"meta": {**meta, "device": "NVIDIA H100 80GB HBM3", "cores": 4}, "models": {"C": cell}}
+    table = zoo.render([lanes, host, other])
+    assert "| A | hf | 16, H200 |" in table and "| C | hf | 4, H100 |" in table
 
 
 def test_lanes_share_the_cores_in_contiguous_blocks_and_deal_the_models_in_turn() -> None:

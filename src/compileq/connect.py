@@ -42,15 +42,16 @@ def redis_client(
         return redis.Redis.from_url(url, health_check_interval=30, retry=retry, **timeouts)
     target = parse_sentinel_url(url)
     sentinel = sentinels(target, settings)
-    credentials = {"username": target.username, "password": target.password}
-    client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]  # untyped in redis-py
-        master_name(settings),
-        db=target.db,
-        health_check_interval=30,
-        retry=retry,
-        **credentials,
+    # One dict of Any: redis-py 8 types master_for's positional classes, which a
+    # ``**dict[str, float]`` could fill as far as mypy knows.
+    options: dict[str, Any] = {
+        "username": target.username,
+        "password": target.password,
         **timeouts,
         **tls_options(target),
+    }
+    client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]  # untyped in redis-py
+        master_name(settings), db=target.db, health_check_interval=30, retry=retry, **options
     )
     return client
 

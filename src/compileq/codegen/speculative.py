@@ -29,7 +29,10 @@ What keeps this safe:
   forward is compiled. The worker stores the forward's output strides as soon as it has
   lowered it (``workers/fx_lowered.py``), early in its codegen; the waiting client then
   restrides the backward's inputs as AOTAutograd will (``_Pending.lowered``) and sends it, or
-  sends it again, beside the rest of the forward's codegen. Should that early output not come
+  sends it again, beside the rest of the forward's codegen. Where those strides are foreseen
+  to differ (a layout Inductor chooses, a padding ``padding.may_pad`` sees coming), the
+  backward is not sent before them: a backward sent with the traced ones would be a codegen
+  nobody loads, beside the two that count. Should that early output not come
   (a worker of an older compileq, a Redis hiccup), the backward is sent once the forward is
   compiled, with AOTAutograd's own inputs (:func:`_prepared_then_send_backward`).
 - No FX-graph lease is taken: the job's own lease gives single flight across ranks, and a lease
