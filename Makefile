@@ -89,6 +89,8 @@ demo: setup
 # of CPU: the slow state), the subset 7.5 on 2.14.1 and 7.5 on 2.15.0; then the one-process
 # changing length (2 min) moved to test-all: 35.1 here with it moved (the machine slower
 # again: the lease test 62 -> 89 s, FSDP2 per block 68 -> 97 s), the subset 6.5 on 2.15.0.
+# 47.6 here for the thirty-fourth's (pytest 38.6 with the padding rule's tests, the subset
+# 8.2; Inductor's import 5.8-6.8 s of CPU, between the states above): over the 30 minutes.
 # The 2 cores are saturated throughout (vmstat: 3-8% idle on average), so a third process only slows every
 # test: the suite's time is its CPU, two-thirds of it fresh processes importing torch. Which
 # tests share a process (the Docker ones; those sharing a cold job) is

@@ -204,24 +204,12 @@ def test_a_backward_whose_forward_may_pad_what_it_saves_waits_for_the_real_strid
     # strides (forged here; on a GPU, a buffer the rule took for padded that Inductor did not
     # pad). Counted, and it costs one codegen at most, never the step: the backward goes with
     # the traced strides, and again with the real ones once the forward is compiled.
-    builds = fx_builds(env, tmp_path)
-    [forward] = [b["key"] for b in builds if clean_cache.exists(keys.early(b["key"]))]
-    store = RedisStore(clean_cache, settings)
-    [entry] = store.get_many([keys.early(forward)])
-    assert entry is not None
-    real = fx_strides.parse(entry.payload())
-    assert real is not None and any(s is not None for s in real)
-    wipe_cache(clean_cache)
-    store.put(keys.early(forward), fx_strides.encode([None] * len(real)))
-    counters = speculated(env, tmp_path, "padded_cpu", run_name="as-traced")
+    counters = _again_with_early_strides_as_traced(
+        env, tmp_path, clean_cache, settings, "padded_cpu"
+    )
     assert counters["fx_held_for_padding"] == 1 and counters["fx_held_not_padded"] == 1, counters
     assert counters["fx_sent_ahead"] == 2, counters
-    wait_for(
-        lambda: stats(env, tmp_path)["fx_remote_compiles"] >= 3,
-        120,
-        "the worker to generate the backward sent with the traced strides",
-    )
-    assert stats(env, tmp_path)["fx_remote_compiles"] == 3
+    _third_codegen(env, tmp_path)
 
 
 def test_a_convolution_nets_backward_goes_with_the_strides_the_forwards_worker_stored_early(
@@ -235,27 +223,40 @@ def test_a_convolution_nets_backward_goes_with_the_strides_the_forwards_worker_s
     builds = fx_builds(env, tmp_path)
     assert overlapping(builds) == 1, builds
 
-    # Those strides, as the worker stored them for the forward.
-    [forward] = [b["key"] for b in builds if clean_cache.exists(keys.early(b["key"]))]
-    store = RedisStore(clean_cache, settings)
-    [entry] = store.get_many([keys.early(forward)])
-    assert entry is not None
-    real = fx_strides.parse(entry.payload())
-    assert real is not None and any(s is not None for s in real)
     # A cold cluster whose early output for that forward verifies but says nothing of the
     # layout (a worker's bug; the first writer wins, so the worker cannot mend it) costs one
     # codegen, never the step: the backward goes with the traced strides (a graph nobody
     # loads), and again with the real ones once the forward is compiled, which the lazy
     # compile loads.
-    wipe_cache(clean_cache)
-    store.put(keys.early(forward), fx_strides.encode([None] * len(real)))
-    counters = speculated(env, tmp_path, "conv_cpu", run_name="wrong-early")
+    counters = _again_with_early_strides_as_traced(env, tmp_path, clean_cache, settings, "conv_cpu")
     assert counters["fx_sent_ahead"] == 2, counters
-    # Nobody waits for the backward nobody loads: on a loaded machine its codegen may still run
-    # once the job has ended (the suite saw 2 of 3 counted at the job's end).
+    _third_codegen(env, tmp_path)
+
+
+def _again_with_early_strides_as_traced(
+    env: Env, tmp_path: Path, cache: redis.Redis, settings: Settings, client: str
+) -> dict[str, Any]:
+    """``client`` run again on a cold cluster whose early output for its forward (the strides
+    the worker stored once it had lowered it, read here) says only the traced strides."""
+    builds = fx_builds(env, tmp_path)
+    [forward] = [b["key"] for b in builds if cache.exists(keys.early(b["key"]))]
+    store = RedisStore(cache, settings)
+    [entry] = store.get_many([keys.early(forward)])
+    assert entry is not None
+    real = fx_strides.parse(entry.payload())
+    assert real is not None and any(s is not None for s in real)
+    wipe_cache(cache)
+    store.put(keys.early(forward), fx_strides.encode([None] * len(real)))
+    return speculated(env, tmp_path, client, run_name=f"{client}-as-traced")
+
+
+def _third_codegen(env: Env, tmp_path: Path) -> None:
+    """The backward sent with the traced strides is generated too, and nothing more: nobody
+    waits for it, so on a loaded machine its codegen may still run once the job has ended
+    (the suite saw 2 of 3 counted at the job's end)."""
     wait_for(
         lambda: stats(env, tmp_path)["fx_remote_compiles"] >= 3,
         120,
-        "the worker to generate the backward sent with the wrong strides",
+        "the worker to generate the backward sent with the traced strides",
     )
     assert stats(env, tmp_path)["fx_remote_compiles"] == 3
