@@ -91,6 +91,9 @@ demo: setup
 # again: the lease test 62 -> 89 s, FSDP2 per block 68 -> 97 s), the subset 6.5 on 2.15.0.
 # 47.6 here for the thirty-fourth's (pytest 38.6 with the padding rule's tests, the subset
 # 8.2; Inductor's import 5.8-6.8 s of CPU, between the states above): over the 30 minutes.
+# 29.6 here for the same tests at the thirty-fifth's code, on a faster state (Inductor's import
+# 4.1 s of CPU; pytest 23.7, the subset 5.8; the stack's images cached, 24 s of set-up where the
+# thirty-fourth's fresh machine built them in 236): the same suite, half the time per test.
 # The 2 cores are saturated throughout (vmstat: 3-8% idle on average), so a third process only slows every
 # test: the suite's time is its CPU, two-thirds of it fresh processes importing torch. Which
 # tests share a process (the Docker ones; those sharing a cold job) is
