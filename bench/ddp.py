@@ -218,6 +218,8 @@ def run_job(
         env["COMPILEQ_AOT_REGIONS"] = "0" if mode == "compileq-autocast-traced" else "1"
         if mode == "compileq-split":  # big graphs compiled in parts (codegen/split.py)
             env["COMPILEQ_SPLIT_GRAPHS"] = "gpu"
+        # The caller's own settings (``bench zoo --setting``) over the modes' defaults.
+        env.update(cluster.settings_env)
     elif mode == "stock-remote":
         env.update(cluster.stock_remote_env())
     elif mode == "stock-keep":

@@ -189,6 +189,18 @@ AGAIN = {
 }
 
 
+def parse_settings(given: list[str]) -> dict[str, str]:
+    """``--setting COMPILEQ_NAME=VALUE`` pairs as an environment; a pair without ``=`` or a
+    name outside compileq's prefix is refused (ValueError, its message the parser's error)."""
+    settings: dict[str, str] = {}
+    for pair in given:
+        name, sep, value = pair.partition("=")
+        if not sep or not name.startswith("COMPILEQ_") or name == "COMPILEQ_":
+            raise ValueError(f"--setting {pair!r}: give COMPILEQ_NAME=VALUE")
+        settings[name] = value
+    return settings
+
+
 def second_looks(cell: dict[str, Any]) -> list[str]:
     """The runs to repeat for a model whose first runs say compileq is slower than stock
     (cold, or new machine against stock's warm local cache) or its losses outside stock's
@@ -239,6 +251,16 @@ def main(argv: list[str] | None = None) -> int:
         "codegen may outlast 60 s, and a graph then compiles in process too",
     )
     parser.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="COMPILEQ_NAME=VALUE",
+        help="a compileq setting for every compileq run and its worker (repeatable), to "
+        "compare compileq with one setting changed against stock; recorded in the table's "
+        "meta. The runs' environment drops the caller's own COMPILEQ_ variables, so this is "
+        "the way to set one",
+    )
+    parser.add_argument(
         "--lanes",
         type=int,
         default=1,
@@ -259,6 +281,10 @@ def main(argv: list[str] | None = None) -> int:
     runs = args.runs.split(",")
     if unknown := set(runs) - {name for name, *_ in RUNS}:
         parser.error(f"unknown runs {sorted(unknown)}")
+    try:
+        settings = parse_settings(args.setting)
+    except ValueError as bad:
+        parser.error(str(bad))
     profiled_runs = frozenset(args.cprofile.split(",")) if args.cprofile else frozenset()
     if unknown := profiled_runs - {name for name, *_ in RUNS}:
         parser.error(f"--cprofile: unknown runs {sorted(unknown)}")
@@ -290,12 +316,14 @@ def main(argv: list[str] | None = None) -> int:
         "triton": triton.__version__,
         "size": size,
         "deadline_s": args.deadline_s,
+        "settings": settings,
         "date": time.strftime("%Y-%m-%d"),
         "command": " ".join(["python -m bench zoo", *(argv if argv is not None else sys.argv[1:])]),
     }
     signal.signal(signal.SIGTERM, _time_up)
     workdir = new_workdir()
     cluster = Cluster(workdir, gpu=gpu).start()
+    cluster.settings_env.update(settings)
     if args.deadline_s is not None:
         cluster.settings_env["COMPILEQ_DEADLINE_S"] = str(args.deadline_s)
     try:
@@ -348,6 +376,8 @@ def _in_lanes(
         passed += ["--cprofile", args.cprofile]
     if args.deadline_s is not None:
         passed += ["--deadline-s", str(args.deadline_s)]
+    for setting in args.setting:
+        passed += ["--setting", setting]
     try:
         lanes = zoo_lanes.run(todo, args.lanes, out, passed) if todo else []
     except ValueError as bad:

@@ -135,6 +135,35 @@ def test_a_run_to_cprofile_that_is_no_run_is_refused_before_anything_runs() -> N
     assert "--cprofile: unknown runs ['compileq_nwe']" in proc.stderr
 
 
+def test_a_setting_outside_compileqs_names_is_refused_before_anything_runs() -> None:
+    proc = run_zoo(Path("/nonexistent-never-written"), "--setting", "SPECULATE=0")
+    assert proc.returncode == 2
+    assert "--setting 'SPECULATE=0': give COMPILEQ_NAME=VALUE" in proc.stderr, proc.stderr
+    for bad in ("COMPILEQ_SPECULATE", "COMPILEQ_=1"):
+        with pytest.raises(ValueError, match="give COMPILEQ_NAME=VALUE"):
+            zoo.parse_settings([bad])
+    given = ["COMPILEQ_SPECULATE=0", "COMPILEQ_DEADLINE_S=600", "COMPILEQ_SPECULATE=1"]
+    assert zoo.parse_settings(given) == {"COMPILEQ_SPECULATE": "1", "COMPILEQ_DEADLINE_S": "600"}
+
+
+@pytest.mark.slow
+def test_a_setting_reaches_every_compileq_run_through_the_lanes_and_is_recorded(
+    tmp_path: Path,
+) -> None:
+    # The backward is sent ahead with its forward by default (sent_ahead 1 for this model's
+    # one frame); with speculation off it is sent at its first backward call instead.
+    proc = run_zoo(
+        tmp_path, "--lanes", "2", "--models", "BertForMaskedLM", "--size", "tiny",
+        "--runs", "compileq_cold", "--once", "--setting", "COMPILEQ_SPECULATE=0",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lane = json.loads((tmp_path / "lane-0" / "zoo.json").read_text())
+    assert lane["meta"]["settings"] == {"COMPILEQ_SPECULATE": "0"}
+    run = lane["models"]["BertForMaskedLM"]["compileq_cold"]
+    assert run["sent_ahead"] == 0 and run["codegens"] == run["distinct_graphs"] == 2, run
+    assert run["fallbacks"] == 0
+
+
 def test_on_a_gpu_machine_the_zoo_trains_on_the_gpu_and_elsewhere_on_the_cpu() -> None:
     # The training script's own default is the CPU: the first GPU zoo ran on the host's cores.
     model = next(m for m in zoo.MODELS if m.name == "BertForMaskedLM")
