@@ -94,6 +94,9 @@ demo: setup
 # 29.6 here for the same tests at the thirty-fifth's code, on a faster state (Inductor's import
 # 4.1 s of CPU; pytest 23.7, the subset 5.8; the stack's images cached, 24 s of set-up where the
 # thirty-fourth's fresh machine built them in 236): the same suite, half the time per test.
+# 37.0 an hour later for the thirty-fifth's last code (one zoo test more, quick; Inductor's
+# import 6.5 s of CPU again; pytest 29.7, the subset 7.2): the machine's state, not the suite,
+# moves it between 30 and 48 minutes.
 # The 2 cores are saturated throughout (vmstat: 3-8% idle on average), so a third process only slows every
 # test: the suite's time is its CPU, two-thirds of it fresh processes importing torch. Which
 # tests share a process (the Docker ones; those sharing a cold job) is
