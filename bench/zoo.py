@@ -56,6 +56,7 @@ from bench.matrix import (
 )
 from bench.zoo_models import MODELS, ZooModel, extra, unlisted
 from compileq._files import write_atomically
+from compileq.config import Settings
 from compileq.workers import cpus
 
 #: The issue's targets: every model at most stock (cold, and new machine against stock's warm
@@ -190,13 +191,19 @@ AGAIN = {
 
 
 def parse_settings(given: list[str]) -> dict[str, str]:
-    """``--setting COMPILEQ_NAME=VALUE`` pairs as an environment; a pair without ``=`` or a
-    name outside compileq's prefix is refused (ValueError, its message the parser's error)."""
+    """``--setting COMPILEQ_NAME=VALUE`` pairs as an environment. A pair without ``=``, or a
+    name that is none of compileq's settings (``compileq.config.Settings``, which ignores an
+    unknown variable: a misspelt one would change nothing, silently), is refused (ValueError,
+    its message the parser's error). A bad value is compileq's own to refuse, at the run."""
     settings: dict[str, str] = {}
     for pair in given:
         name, sep, value = pair.partition("=")
-        if not sep or not name.startswith("COMPILEQ_") or name == "COMPILEQ_":
-            raise ValueError(f"--setting {pair!r}: give COMPILEQ_NAME=VALUE")
+        field = name.removeprefix("COMPILEQ_").lower()
+        if not sep or not name.startswith("COMPILEQ_") or field not in Settings.model_fields:
+            raise ValueError(
+                f"--setting {pair!r}: give COMPILEQ_NAME=VALUE, NAME one of compileq's "
+                "settings (compileq.config.Settings)"
+            )
         settings[name] = value
     return settings
 

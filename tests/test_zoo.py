@@ -139,7 +139,7 @@ def test_a_setting_outside_compileqs_names_is_refused_before_anything_runs() -> 
     proc = run_zoo(Path("/nonexistent-never-written"), "--setting", "SPECULATE=0")
     assert proc.returncode == 2
     assert "--setting 'SPECULATE=0': give COMPILEQ_NAME=VALUE" in proc.stderr, proc.stderr
-    for bad in ("COMPILEQ_SPECULATE", "COMPILEQ_=1"):
+    for bad in ("COMPILEQ_SPECULATE", "COMPILEQ_=1", "COMPILEQ_SPECULAT=0"):
         with pytest.raises(ValueError, match="give COMPILEQ_NAME=VALUE"):
             zoo.parse_settings([bad])
     given = ["COMPILEQ_SPECULATE=0", "COMPILEQ_DEADLINE_S=600", "COMPILEQ_SPECULATE=1"]
