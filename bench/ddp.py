@@ -285,6 +285,17 @@ def run_job(
     }
 
 
+def chosen_script_args(given: list[str], gpus: int) -> list[str]:
+    """The script's arguments: the defaults for this machine where none are given; else the
+    given ones, on the GPUs where there are some and they name no device. The script's own
+    default device is the CPU, so ``-- --fsdp`` on a GPU node ran every rank on the CPU,
+    silently (a whole device call of the thirty-sixth session went so)."""
+    if not given:
+        return list(GPU_ARGS if gpus else CPU_ARGS)
+    named = any(a == "--device" or a.startswith("--device=") for a in given)
+    return [*given] if named or not gpus else ["--device", "cuda", *given]
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch
 
@@ -310,12 +321,17 @@ def main(argv: list[str] | None = None) -> int:
         help="count each job's memory system calls (mmap, munmap, brk...) over all its "
         "processes with strace, writing RUN.strace to --out (timings then include strace's cost)",
     )
-    parser.add_argument("script_args", nargs="*", help="after --: llama_script.py arguments")
+    parser.add_argument(
+        "script_args",
+        nargs="*",
+        help="after --: llama_script.py arguments (on a GPU machine, with --device cuda "
+        "unless they name a device)",
+    )
     args = parser.parse_args(argv)
     chosen = args.runs.split(",")
     if unknown := set(chosen) - set(RUNS):
         parser.error(f"unknown runs {sorted(unknown)}; choose from {', '.join(RUNS)}")
-    script_args = args.script_args or list(GPU_ARGS if gpus else CPU_ARGS)
+    script_args = chosen_script_args(args.script_args, gpus)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     workdir = new_workdir()

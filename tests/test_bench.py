@@ -16,6 +16,7 @@ import pytest
 from bench import autotune
 from bench.autotune import autotune_tables, compare_picks
 from bench.capacity import UNCLASSIFIED, classify, unit_of
+from bench.ddp import CPU_ARGS, GPU_ARGS, chosen_script_args
 from bench.harness import process_tree
 from bench.report import merge_runs
 
@@ -277,6 +278,17 @@ def bench_matrix(*args: str, env: dict[str, str] | None = None) -> subprocess.Co
         timeout=120,
         env={**{k: v for k, v in os.environ.items() if k != "BENCH_REDIS_URL"}, **(env or {})},
     )
+
+
+def test_the_ddp_bench_runs_the_scripts_arguments_on_the_gpus_unless_they_name_a_device() -> None:
+    assert chosen_script_args([], gpus=1) == list(GPU_ARGS)
+    assert chosen_script_args([], gpus=0) == list(CPU_ARGS)
+    # The script's own default device is the CPU: arguments that name none go to the GPUs.
+    assert chosen_script_args(["--fsdp"], gpus=2) == ["--device", "cuda", "--fsdp"]
+    given = ["--device", "cpu", "--fsdp"]
+    assert chosen_script_args(given, gpus=2) == given
+    assert chosen_script_args(["--device=cuda:1"], gpus=2) == ["--device=cuda:1"]
+    assert chosen_script_args(["--fsdp"], gpus=0) == ["--fsdp"]
 
 
 def test_the_matrix_refuses_a_configuration_this_machine_cannot_run() -> None:
