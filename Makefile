@@ -96,7 +96,10 @@ demo: setup
 # thirty-fourth's fresh machine built them in 236): the same suite, half the time per test.
 # 37.0 an hour later for the thirty-fifth's last code (one zoo test more, quick; Inductor's
 # import 6.5 s of CPU again; pytest 29.7, the subset 7.2): the machine's state, not the suite,
-# moves it between 30 and 48 minutes.
+# moves it between 30 and 48 minutes. 41.3 here for the thirty-sixth's (pytest 33.1 with the
+# Sentinel failover test waiting for the worker's builds in hand, the subset 8.1; Inductor's
+# import 6.8-7.1 s of CPU, the slow state); its first run that hour failed on that test's race
+# (pytest 34.3, the subset not run).
 # The 2 cores are saturated throughout (vmstat: 3-8% idle on average), so a third process only slows every
 # test: the suite's time is its CPU, two-thirds of it fresh processes importing torch. Which
 # tests share a process (the Docker ones; those sharing a cold job) is
