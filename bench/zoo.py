@@ -56,7 +56,9 @@ from bench.matrix import (
 )
 from bench.zoo_models import MODELS, ZooModel, extra, unlisted
 from compileq._files import write_atomically
-from compileq.config import Settings
+from compileq.config import Settings, load_settings
+from compileq.early_settings import variable
+from compileq.errors import ConfigError
 from compileq.workers import cpus
 
 #: The issue's targets: every model at most stock (cold, and new machine against stock's warm
@@ -191,20 +193,27 @@ AGAIN = {
 
 
 def parse_settings(given: list[str]) -> dict[str, str]:
-    """``--setting COMPILEQ_NAME=VALUE`` pairs as an environment. A pair without ``=``, or a
-    name that is none of compileq's settings (``compileq.config.Settings``, which ignores an
-    unknown variable: a misspelt one would change nothing, silently), is refused (ValueError,
-    its message the parser's error). A bad value is compileq's own to refuse, at the run."""
+    """``--setting COMPILEQ_NAME=VALUE`` pairs as an environment, checked as compileq checks
+    its own before anything runs: a pair without ``=``, a name that is none of compileq's
+    settings (``compileq.config.Settings`` ignores an unknown variable: a misspelt one would
+    change nothing, silently) or a value compileq refuses (``load_settings``' one-line error,
+    else every compileq run of the invocation would fail on it) is a ValueError, its message
+    the parser's error. The last pair of a name wins."""
+    fields = {variable(name): name for name in Settings.model_fields}
     settings: dict[str, str] = {}
     for pair in given:
         name, sep, value = pair.partition("=")
-        field = name.removeprefix("COMPILEQ_").lower()
-        if not sep or not name.startswith("COMPILEQ_") or field not in Settings.model_fields:
+        if not sep or name not in fields:
             raise ValueError(
                 f"--setting {pair!r}: give COMPILEQ_NAME=VALUE, NAME one of compileq's "
                 "settings (compileq.config.Settings)"
             )
         settings[name] = value
+    chosen = {fields[name]: value for name, value in settings.items()}
+    try:
+        load_settings(given_as={f: f"--setting {variable(f)}" for f in chosen}, **chosen)
+    except ConfigError as e:
+        raise ValueError(str(e)) from None
     return settings
 
 

@@ -142,6 +142,11 @@ def test_a_setting_outside_compileqs_names_is_refused_before_anything_runs() -> 
     for bad in ("COMPILEQ_SPECULATE", "COMPILEQ_=1", "COMPILEQ_SPECULAT=0"):
         with pytest.raises(ValueError, match="give COMPILEQ_NAME=VALUE"):
             zoo.parse_settings([bad])
+    # A value compileq refuses is refused here too, in compileq's words, naming the flag.
+    with pytest.raises(ValueError, match="--setting COMPILEQ_DEADLINE_S='abc' is not valid"):
+        zoo.parse_settings(["COMPILEQ_SPECULATE=0", "COMPILEQ_DEADLINE_S=abc"])
+    with pytest.raises(ValueError, match="COMPILEQ_SPECULATE='of' is not valid: expected a bool"):
+        zoo.parse_settings(["COMPILEQ_SPECULATE=of"])
     given = ["COMPILEQ_SPECULATE=0", "COMPILEQ_DEADLINE_S=600", "COMPILEQ_SPECULATE=1"]
     assert zoo.parse_settings(given) == {"COMPILEQ_SPECULATE": "1", "COMPILEQ_DEADLINE_S": "600"}
 
