@@ -312,7 +312,7 @@ def queued(db: redis.Redis) -> list[bytes]:
     return [k for k in db.scan_iter(match=keys.BROKER + "*") if db.type(k) == b"list"]
 
 
-_TASK = re.compile(r"Task compileq\.\w+\[([^\]]+)\] (received|succeeded|raised|failed)")
+_TASK = re.compile(r"Task compileq\.\w+\[([^\]]+)\] (received|succeeded|raised)")
 
 
 def in_hand(log: str) -> set[str]:
