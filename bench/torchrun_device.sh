@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# torchrun training configurations on the device, one after another: `CONFIGS="NAME:SECONDS:REPS:
+# SCRIPT ARGS;..." bash bench/torchrun_device.sh`, run on the device machine with .carry carried
+# (../shared/device/README.md). Each config is `python -m bench.ddp --nproc 1 --reps REPS --runs
+# stock_cold,stock_warm_local,compileq_cold,compileq_new -- --device cuda SCRIPT ARGS` (RUNS
+# replaces the runs), stopped at SECONDS (it keeps what it finished); results come back as
+# $OUT/torchrun.tgz (each config's ddp.json and ddp.md) and their tables on stdout. The default
+# CONFIGS are the thirty-seventh session's: FSDP2 over the whole model and per block, timm's
+# ResNet, max-autotune.
+set -u
+source .carry/device-setup.sh > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
+# The device's torch ships without .pyc files and forbids writing them (zoo_device.sh).
+unset PYTHONDONTWRITEBYTECODE
+python3 -c "import torch._inductor.compile_fx, torch.distributed.fsdp, timm; print('imports warmed')"
+DEFAULT="fsdp-whole:200:2:--width 512 --layers 8 --fsdp;fsdp-blocks:170:1:--width 512 --layers 8 --fsdp --compile-blocks;resnet:200:1:--model timm-resnet;autotune:330:1:--width 256 --layers 2 --mode max-autotune-no-cudagraphs"
+IFS=';' read -ra configs <<< "${CONFIGS:-$DEFAULT}"
+for c in "${configs[@]}"; do
+  IFS=':' read -r name seconds reps args <<< "$c"
+  # shellcheck disable=SC2086  # the script's arguments are words on purpose
+  timeout -s TERM "$seconds" python3 -m bench.ddp --nproc 1 --reps "$reps" \
+    --runs "${RUNS:-stock_cold,stock_warm_local,compileq_cold,compileq_new}" \
+    --out "/tmp/torchrun/$name" -- --device cuda $args > "$OUT/$name.log" 2>&1
+  echo "== $name rc=$?"; head -9 "/tmp/torchrun/$name/ddp.md" 2>/dev/null
+done
+tar czf "$OUT/torchrun.tgz" --exclude "*.log" -C /tmp torchrun
