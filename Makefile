@@ -99,7 +99,12 @@ demo: setup
 # moves it between 30 and 48 minutes. 41.3 here for the thirty-sixth's (pytest 33.1 with the
 # Sentinel failover test waiting for the worker's builds in hand, the subset 8.1; Inductor's
 # import 6.8-7.1 s of CPU, the slow state); its first run that hour failed on that test's race
-# (pytest 34.3, the subset not run).
+# (pytest 34.3, the subset not run). 40.0 here for the thirty-seventh's (the same tests: pytest
+# 32.2, the subset 7.7; 72 CPU-min over the 40, Inductor's import 6.1-6.6 s of CPU). Where the
+# time is (its junit times): 114 tests of 10 s or more hold 3,513 of the 3,782 test-seconds,
+# each a real job (fresh processes importing torch, a cold compile, a new machine), 31 s on
+# average; the other 431 tests hold 270. Under 30 minutes here would take ~1,200 test-seconds
+# out: about 40 of those jobs, not a few long ones.
 # The 2 cores are saturated throughout (vmstat: 3-8% idle on average), so a third process only slows every
 # test: the suite's time is its CPU, two-thirds of it fresh processes importing torch. Which
 # tests share a process (the Docker ones; those sharing a cold job) is
