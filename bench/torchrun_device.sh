@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # torchrun training configurations on the device, one after another: `CONFIGS="NAME:SECONDS:REPS:
 # SCRIPT ARGS;..." bash bench/torchrun_device.sh`, run on the device machine with .carry carried
-# (../shared/device/README.md). Each config is `python -m bench.ddp --nproc 1 --reps REPS --runs
-# stock_cold,stock_warm_local,compileq_cold,compileq_new -- --device cuda SCRIPT ARGS` (RUNS
-# replaces the runs), stopped at SECONDS (it keeps what it finished); results come back as
+# (../shared/device/README.md). Each config is `python -m bench.ddp --reps REPS --runs
+# stock_cold,stock_warm_local,compileq_cold,compileq_new -- SCRIPT ARGS` (RUNS replaces the
+# runs; NPROC=N passes --nproc N), stopped at SECONDS (it keeps what it finished). bench.ddp
+# itself puts a rank on every GPU and runs arguments that name no device on the GPUs
+# (chosen_script_args), so the same configs run two ranks where two GPUs are lent. Results come back as
 # $OUT/torchrun.tgz (each config's ddp.json and ddp.md) and their tables on stdout. The default
 # CONFIGS are the thirty-seventh session's: FSDP2 over the whole model and per block, timm's
 # ResNet, max-autotune.
@@ -17,9 +19,9 @@ IFS=';' read -ra configs <<< "${CONFIGS:-$DEFAULT}"
 for c in "${configs[@]}"; do
   IFS=':' read -r name seconds reps args <<< "$c"
   # shellcheck disable=SC2086  # the script's arguments are words on purpose
-  timeout -s TERM "$seconds" python3 -m bench.ddp --nproc 1 --reps "$reps" \
+  timeout -s TERM "$seconds" python3 -m bench.ddp ${NPROC:+--nproc "$NPROC"} --reps "$reps" \
     --runs "${RUNS:-stock_cold,stock_warm_local,compileq_cold,compileq_new}" \
-    --out "/tmp/torchrun/$name" -- --device cuda $args > "$OUT/$name.log" 2>&1
+    --out "/tmp/torchrun/$name" -- $args > "$OUT/$name.log" 2>&1
   echo "== $name rc=$?"; head -9 "/tmp/torchrun/$name/ddp.md" 2>/dev/null
 done
 tar czf "$OUT/torchrun.tgz" --exclude "*.log" -C /tmp torchrun
