@@ -3,10 +3,15 @@ the Llama-style model of ``examples/llama_script.py`` (classes defined in the sc
 ``__main__``), each rank with local cache dirs of its own as if on a node of its own; stock and
 compileq in one invocation.
 
-    python -m bench.ddp [--nproc N] [--reps R] [--runs A,B] [--out DIR]
+    python -m bench.ddp [--nproc N] [--reps R] [--runs A,B] [--out DIR] [--zoo MODEL]
                         [--cprofile | --strace] [-- SCRIPT ARGS]
 
 ``--nproc 0`` runs the script as plain ``python`` (one process, no torchrun, no DDP).
+``--zoo MODEL`` trains a model of ``python -m bench zoo`` (a name of bench/zoo_models.py, or
+``timm:NAME`` / ``hf:CLASS``) at the zoo's own size for this machine (its GPU size, tiny on a
+CPU), the script arguments after ``--`` added to its own (``--zoo BertForMaskedLM --
+--bucket-mb 4``): the zoo's models under torchrun, DDP or FSDP2, without copying their
+configs into a command line.
 
 Each repetition runs, in fresh process trees:
 
@@ -296,6 +301,25 @@ def chosen_script_args(given: list[str], gpus: int) -> list[str]:
     return [*given] if named or not gpus else ["--device", "cuda", *given]
 
 
+def zoo_script_args(name: str, gpus: int) -> list[str]:
+    """The script's arguments for the zoo's model ``name`` at the zoo's size for this machine:
+    what ``python -m bench zoo`` trains it with, less its step count and device (this bench's
+    and :func:`chosen_script_args`'). ``ValueError`` names the choices for a name it lacks."""
+    from bench.zoo_models import MODELS, extra, unlisted
+
+    listed = {m.name: m for m in MODELS}
+    if name in listed:
+        model = listed[name]
+    elif name.startswith(extra):
+        model = unlisted(name)
+    else:
+        raise ValueError(
+            f"--zoo: unknown model {name!r}: a name of bench/zoo_models.py "
+            f"({', '.join(sorted(listed)[:4])}, ...), or timm:NAME or hf:CLASS"
+        )
+    return model.args("gpu" if gpus else "tiny")
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch
 
@@ -322,6 +346,13 @@ def main(argv: list[str] | None = None) -> int:
         "processes with strace, writing RUN.strace to --out (timings then include strace's cost)",
     )
     parser.add_argument(
+        "--zoo",
+        metavar="MODEL",
+        default=None,
+        help="a model of `python -m bench zoo` at the zoo's size for this machine (GPU size, "
+        "tiny on a CPU); the script arguments after -- are added to its own",
+    )
+    parser.add_argument(
         "script_args",
         nargs="*",
         help="after --: llama_script.py arguments (on a GPU machine, with --device cuda "
@@ -331,7 +362,13 @@ def main(argv: list[str] | None = None) -> int:
     chosen = args.runs.split(",")
     if unknown := set(chosen) - set(RUNS):
         parser.error(f"unknown runs {sorted(unknown)}; choose from {', '.join(RUNS)}")
-    script_args = chosen_script_args(args.script_args, gpus)
+    given = list(args.script_args)
+    if args.zoo:
+        try:
+            given = [*zoo_script_args(args.zoo, gpus), *given]
+        except ValueError as bad:
+            parser.error(str(bad))
+    script_args = chosen_script_args(given, gpus)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     workdir = new_workdir()

@@ -8,7 +8,11 @@
 # (chosen_script_args), so the same configs run two ranks where two GPUs are lent. Results come back as
 # $OUT/torchrun.tgz (each config's ddp.json and ddp.md) and their tables on stdout. The default
 # CONFIGS are the thirty-seventh session's: FSDP2 over the whole model and per block, timm's
-# ResNet, max-autotune.
+# ResNet, max-autotune. A config's arguments may begin with `--zoo MODEL` (bench.ddp's: a
+# model of the zoo at its GPU size), the script's own following: "bert-ddp:240:1:--zoo
+# BertForMaskedLM --bucket-mb 4". On one H100 such a config's four runs take 170-250 s
+# (BertForMaskedLM's 165 s, the worker's start included): at 175 s each, three configs were
+# cut short after their stock runs.
 set -u
 source .carry/device-setup.sh > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
 # The device's torch ships without .pyc files and forbids writing them (zoo_device.sh).
@@ -18,8 +22,10 @@ DEFAULT="fsdp-whole:200:2:--width 512 --layers 8 --fsdp;fsdp-blocks:170:1:--widt
 IFS=';' read -ra configs <<< "${CONFIGS:-$DEFAULT}"
 for c in "${configs[@]}"; do
   IFS=':' read -r name seconds reps args <<< "$c"
+  zoo=()
+  if [[ $args == "--zoo "* ]]; then read -r _ model args <<< "$args"; zoo=(--zoo "$model"); fi
   # shellcheck disable=SC2086  # the script's arguments are words on purpose
-  timeout -s TERM "$seconds" python3 -m bench.ddp ${NPROC:+--nproc "$NPROC"} --reps "$reps" \
+  timeout -s TERM "$seconds" python3 -m bench.ddp ${NPROC:+--nproc "$NPROC"} "${zoo[@]}" --reps "$reps" \
     --runs "${RUNS:-stock_cold,stock_warm_local,compileq_cold,compileq_new}" \
     --out "/tmp/torchrun/$name" -- $args > "$OUT/$name.log" 2>&1
   echo "== $name rc=$?"; head -9 "/tmp/torchrun/$name/ddp.md" 2>/dev/null

@@ -16,7 +16,7 @@ import pytest
 from bench import autotune
 from bench.autotune import autotune_tables, compare_picks
 from bench.capacity import UNCLASSIFIED, classify, unit_of
-from bench.ddp import CPU_ARGS, GPU_ARGS, chosen_script_args
+from bench.ddp import CPU_ARGS, GPU_ARGS, chosen_script_args, zoo_script_args
 from bench.harness import process_tree
 from bench.report import merge_runs
 
@@ -289,6 +289,37 @@ def test_the_ddp_bench_runs_the_scripts_arguments_on_the_gpus_unless_they_name_a
     assert chosen_script_args(given, gpus=2) == given
     assert chosen_script_args(["--device=cuda:1"], gpus=2) == ["--device=cuda:1"]
     assert chosen_script_args(["--fsdp"], gpus=0) == ["--fsdp"]
+
+
+def test_the_ddp_bench_trains_a_zoo_model_with_the_zoos_arguments_for_the_machine() -> None:
+    from bench.zoo_models import MODELS
+
+    bert = next(m for m in MODELS if m.name == "BertForMaskedLM")
+    assert zoo_script_args("BertForMaskedLM", gpus=1) == bert.args("gpu")
+    assert zoo_script_args("BertForMaskedLM", gpus=0) == bert.args("tiny")
+    assert bert.args("gpu") != bert.args("tiny")
+    # On the GPUs, with the arguments given after -- behind the zoo's.
+    chosen = chosen_script_args([*zoo_script_args("BertForMaskedLM", 1), "--fsdp"], gpus=1)
+    assert chosen == ["--device", "cuda", *bert.args("gpu"), "--fsdp"]
+    # A model of one's own, as `bench zoo` takes it.
+    assert zoo_script_args("timm:resnet18", gpus=0)[:2] == ["--model", "timm:resnet18"]
+    with pytest.raises(ValueError, match="unknown model 'NoSuchModel'"):
+        zoo_script_args("NoSuchModel", gpus=0)
+
+
+def test_the_ddp_bench_refuses_a_zoo_model_it_does_not_know_before_starting_anything(
+    tmp_path: Path,
+) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.ddp", "--zoo", "NoSuchModel", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "--zoo: unknown model 'NoSuchModel'" in proc.stderr
+    assert list(tmp_path.iterdir()) == []  # no cluster started, nothing written
 
 
 def test_the_matrix_refuses_a_configuration_this_machine_cannot_run() -> None:
