@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bench import autotune
+from bench import autotune, worker_codegen
 from bench.autotune import autotune_tables, compare_picks
 from bench.capacity import UNCLASSIFIED, classify, unit_of
 from bench.ddp import CPU_ARGS, GPU_ARGS, chosen_script_args, zoo_script_args
@@ -320,6 +320,44 @@ def test_the_ddp_bench_refuses_a_zoo_model_it_does_not_know_before_starting_anyt
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "--zoo: unknown model 'NoSuchModel'" in proc.stderr
     assert list(tmp_path.iterdir()) == []  # no cluster started, nothing written
+
+
+def test_the_workers_codegens_are_summed_and_spanned_against_stocks_per_core_count(
+    tmp_path: Path,
+) -> None:
+    # Overlapping intervals count once in the span, every second in the sum.
+    assert worker_codegen.span([(0.0, 4.0), (1.0, 3.0), (5.0, 6.0)]) == 5.0
+    assert worker_codegen.span([]) == 0.0
+
+    def pair(stock_codegen: float, builds: list[list[float]], device: str = "cuda:0") -> Any:
+        first = {"ranks_first_step_s": [10.0], "device": device}
+        return {
+            "stock_cold": {**first, "phases": {"fx_codegen_and_compile": stock_codegen}},
+            "compileq_cold": {**first, "ranks_first_step_s": [8.0], "fx_builds": builds},
+        }
+
+    lane = {
+        "meta": {"device": "NVIDIA H100 80GB HBM3", "cores": 4},
+        "models": {
+            # A forward and its backward sent ahead, generated at once: 8 s of codegen in 5.
+            "a": pair(4.0, [[1.0, 4.0], [2.0, 4.0]]),
+            "b": {"suite": "hf", "eager": {}},  # no cold pair: skipped
+            "c": pair(0.0, [[1.0, 1.0]]),  # stock's codegen not timed: skipped
+            "d": pair(4.0, [[1.0, 2.0]], device="cpu"),  # a GPU host's CPU: skipped
+        },
+    }
+    cpu = {"meta": {"device": "CPU only", "cores": 2}, "models": {"e": pair(2.0, [[0.0, 1.0]])}}
+    table = worker_codegen.summary(worker_codegen.rows(lane) + worker_codegen.rows(cpu))
+    assert table == {
+        "2, CPU": {"runs": 1, "sum_over_stock": 0.5, "span_over_stock": 0.5, "cold_ratio": 0.8},
+        "4, GPU": {"runs": 1, "sum_over_stock": 2.0, "span_over_stock": 1.25, "cold_ratio": 0.8},
+    }
+    files = [tmp_path / "lane.json", tmp_path / "cpu.json"]
+    for path, results in zip(files, (lane, cpu), strict=True):
+        path.write_text(json.dumps(results))
+    assert worker_codegen.main([*map(str, files), "--json"]) == 0
+    with pytest.raises(SystemExit):  # nothing to compare: said, not an empty table
+        worker_codegen.main([str(tmp_path / "lane.json").replace("lane", "none")])
 
 
 def test_the_matrix_refuses_a_configuration_this_machine_cannot_run() -> None:
