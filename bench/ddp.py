@@ -305,17 +305,14 @@ def zoo_script_args(name: str, gpus: int) -> list[str]:
     """The script's arguments for the zoo's model ``name`` at the zoo's size for this machine:
     what ``python -m bench zoo`` trains it with, less its step count and device (this bench's
     and :func:`chosen_script_args`'). ``ValueError`` names the choices for a name it lacks."""
-    from bench.zoo_models import MODELS, extra, unlisted
+    from bench.zoo_models import MODELS, named
 
-    listed = {m.name: m for m in MODELS}
-    if name in listed:
-        model = listed[name]
-    elif name.startswith(extra):
-        model = unlisted(name)
-    else:
+    model = named(name)
+    if model is None:
+        examples = ", ".join(m.name for m in MODELS[:2])
         raise ValueError(
-            f"--zoo: unknown model {name!r}: a name of bench/zoo_models.py "
-            f"({', '.join(sorted(listed)[:4])}, ...), or timm:NAME or hf:CLASS"
+            f"--zoo: unknown model {name!r}: a name of bench/zoo_models.py ({examples}, ...), "
+            "or timm:NAME or hf:CLASS"
         )
     return model.args("gpu" if gpus else "tiny")
 

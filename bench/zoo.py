@@ -54,7 +54,7 @@ from bench.matrix import (
     render_files,
     step_s,
 )
-from bench.zoo_models import MODELS, ZooModel, extra, unlisted
+from bench.zoo_models import MODELS, ZooModel, named
 from compileq._files import write_atomically
 from compileq.config import Settings, load_settings
 from compileq.early_settings import variable
@@ -307,14 +307,13 @@ def main(argv: list[str] | None = None) -> int:
     suites = set(args.suites.split(","))
     chosen = [m for m in MODELS if m.suite in suites]
     if args.models:
-        wanted = args.models.split(",")
-        listed = {m.name: m for m in MODELS}
-        if unknown := {w for w in wanted if w not in listed and not w.startswith(extra)}:
+        found = {w: named(w) for w in args.models.split(",")}
+        if unknown := {w for w, model in found.items() if model is None}:
             parser.error(
                 f"unknown models {sorted(unknown)}: a name of bench/zoo_models.py, or "
                 "timm:NAME or hf:CLASS for one of your own"
             )
-        chosen = [listed[w] if w in listed else unlisted(w) for w in wanted]
+        chosen = [model for model in found.values() if model is not None]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = _load(out)

@@ -373,6 +373,16 @@ MODELS: tuple[ZooModel, ...] = (
 extra = ("timm:", "hf:")
 
 
+def named(name: str) -> ZooModel | None:
+    """The zoo's model called ``name``: one of the lists, or one of your own (``timm:NAME``,
+    ``hf:CLASS``: :func:`unlisted`); None for a name that is neither. What ``python -m bench
+    zoo --models`` and ``python -m bench.ddp --zoo`` both take."""
+    listed = next((m for m in MODELS if m.name == name), None)
+    if listed is not None or not name.startswith(extra):
+        return listed
+    return unlisted(name)
+
+
 def unlisted(name: str) -> ZooModel:
     """``timm:NAME`` or ``hf:CLASS`` (with its config class, ``<Family>Config``): a model of
     your own in the zoo, at the sizes its library gives it (``tiny`` shrinks only what
