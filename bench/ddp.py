@@ -305,7 +305,7 @@ def zoo_script_args(name: str, gpus: int) -> list[str]:
     """The script's arguments for the zoo's model ``name`` at the zoo's size for this machine:
     what ``python -m bench zoo`` trains it with, less its step count and device (this bench's
     and :func:`chosen_script_args`'). ``ValueError`` names the choices for a name it lacks."""
-    from bench.zoo_models import MODELS, named
+    from bench.zoo_models import MODELS, named, size_for
 
     model = named(name)
     if model is None:
@@ -314,7 +314,7 @@ def zoo_script_args(name: str, gpus: int) -> list[str]:
             f"--zoo: unknown model {name!r}: a name of bench/zoo_models.py ({examples}, ...), "
             "or timm:NAME or hf:CLASS"
         )
-    return model.args("gpu" if gpus else "tiny")
+    return model.args(size_for(gpus > 0))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,80 +34,75 @@ class Row:
     """One model's cold pair in one results file."""
 
     model: str
-    cores: str
+    cores: int
+    gpu: bool
     stock_codegen_s: float
     worker_sum_s: float
     worker_span_s: float
     cold_ratio: float
 
+    @property
+    def label(self) -> str:
+        return f"{self.cores}, {'GPU' if self.gpu else 'CPU'}"
+
 
 def span(intervals: Iterable[tuple[float, float]]) -> float:
     """Seconds covered by at least one of ``intervals`` (start, end)."""
-    total, start, end = 0.0, None, 0.0
-    for s, e in sorted(intervals):
-        if start is None or s > end:
-            total += 0.0 if start is None else end - start
-            start, end = s, e
-        else:
-            end = max(end, e)
-    return total + (0.0 if start is None else end - start)
+    total, covered_to = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > covered_to:
+            total += end - max(start, covered_to)
+            covered_to = end
+    return total
 
 
 def rows(results: dict[str, Any]) -> list[Row]:
     """The cold pairs of one ``zoo.json`` with a worker codegen recorded and stock's codegen
-    timed (a model whose stock run failed, or a run on a GPU host's CPU, has neither)."""
+    timed (a model whose stock run failed, or a run on a GPU host's CPU, has neither). The cold
+    ratio is the zoo table's own (:func:`bench.zoo.ratios`: each side the mean with its
+    repetition, where the zoo ran one)."""
+    from bench.zoo import ratios
+
     meta = results.get("meta", {})
-    on_gpu = meta.get("device", "CPU only") != "CPU only"
-    cores = f"{meta.get('cores', '?')}, {'GPU' if on_gpu else 'CPU'}"
+    gpu = meta.get("device", "CPU only") != "CPU only"
     out = []
     for model, cell in results.get("models", {}).items():
         stock, cold = cell.get("stock_cold"), cell.get("compileq_cold")
         if not (isinstance(stock, dict) and isinstance(cold, dict)):
             continue
-        if on_gpu and not str(stock.get("device", "")).startswith("cuda"):
+        if gpu and not str(stock.get("device", "")).startswith("cuda"):
             # The twenty-sixth session's first calls on a GPU host ran the script's default
             # device, its CPUs (their runs predate the device field): neither a lane nor a GPU.
             continue
         here = stock.get("phases", {}).get("fx_codegen_and_compile", 0.0)
         builds = [(s, s + seconds) for s, seconds in cold.get("fx_builds", [])]
-        if here <= 0 or not builds:
+        ratio = ratios(cell)["cold"]
+        if here <= 0 or not builds or ratio is None:
             continue
-        out.append(
-            Row(
-                model,
-                cores,
-                here,
-                sum(e - s for s, e in builds),
-                span(builds),
-                cold["ranks_first_step_s"][0] / stock["ranks_first_step_s"][0],
-            )
-        )
+        worker_sum = sum(e - s for s, e in builds)
+        cores = int(meta.get("cores", 0))
+        out.append(Row(model, cores, gpu, here, worker_sum, span(builds), ratio))
     return out
 
 
 def summary(all_rows: list[Row]) -> dict[str, dict[str, float]]:
     """Per core count: runs, and the medians of sum / stock, span / stock and the cold ratio."""
-    by: dict[str, list[Row]] = {}
+    by: dict[tuple[int, bool], list[Row]] = {}
     for row in all_rows:
-        by.setdefault(row.cores, []).append(row)
+        by.setdefault((row.cores, row.gpu), []).append(row)
+
+    def median(values: Iterable[float]) -> float:
+        return round(statistics.median(values), 2)
+
     return {
-        cores: {
+        group[0].label: {
             "runs": len(group),
-            "sum_over_stock": round(
-                statistics.median(r.worker_sum_s / r.stock_codegen_s for r in group), 2
-            ),
-            "span_over_stock": round(
-                statistics.median(r.worker_span_s / r.stock_codegen_s for r in group), 2
-            ),
-            "cold_ratio": round(statistics.median(r.cold_ratio for r in group), 2),
+            "sum_over_stock": median(r.worker_sum_s / r.stock_codegen_s for r in group),
+            "span_over_stock": median(r.worker_span_s / r.stock_codegen_s for r in group),
+            "cold_ratio": median(r.cold_ratio for r in group),
         }
-        for cores, group in sorted(by.items(), key=lambda kv: _count(kv[0]))
+        for _key, group in sorted(by.items())
     }
-
-
-def _count(cores: str) -> int:
-    head = cores.split(",")[0]
-    return int(head) if head.isdigit() else 0
 
 
 def render(table: dict[str, dict[str, float]]) -> str:

@@ -54,7 +54,7 @@ from bench.matrix import (
     render_files,
     step_s,
 )
-from bench.zoo_models import MODELS, ZooModel, named
+from bench.zoo_models import MODELS, ZooModel, named, size_for
 from compileq._files import write_atomically
 from compileq.config import Settings, load_settings
 from compileq.early_settings import variable
@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "bench-out" / "zoo"))
     args = parser.parse_args(argv)
     gpu = torch.cuda.is_available()
-    size = args.size or ("gpu" if gpu else "tiny")
+    size = args.size or size_for(gpu)
     runs = args.runs.split(",")
     if unknown := set(runs) - {name for name, *_ in RUNS}:
         parser.error(f"unknown runs {sorted(unknown)}")

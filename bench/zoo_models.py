@@ -373,6 +373,12 @@ MODELS: tuple[ZooModel, ...] = (
 extra = ("timm:", "hf:")
 
 
+def size_for(gpu: bool) -> str:
+    """The zoo's size on a machine with or without a GPU: the suites' own on a GPU, tiny on
+    the CPU (``bench zoo --size`` and ``bench.ddp --zoo`` both)."""
+    return "gpu" if gpu else "tiny"
+
+
 def named(name: str) -> ZooModel | None:
     """The zoo's model called ``name``: one of the lists, or one of your own (``timm:NAME``,
     ``hf:CLASS``: :func:`unlisted`); None for a name that is neither. What ``python -m bench

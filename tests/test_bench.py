@@ -330,10 +330,15 @@ def test_the_workers_codegens_are_summed_and_spanned_against_stocks_per_core_cou
     assert worker_codegen.span([]) == 0.0
 
     def pair(stock_codegen: float, builds: list[list[float]], device: str = "cuda:0") -> Any:
-        first = {"ranks_first_step_s": [10.0], "device": device}
+        first = {"ranks_first_step_s": [10.0], "ready_s": 10.0, "device": device}
         return {
             "stock_cold": {**first, "phases": {"fx_codegen_and_compile": stock_codegen}},
-            "compileq_cold": {**first, "ranks_first_step_s": [8.0], "fx_builds": builds},
+            "compileq_cold": {
+                **first,
+                "ranks_first_step_s": [8.0],
+                "ready_s": 8.0,
+                "fx_builds": builds,
+            },
         }
 
     lane = {
